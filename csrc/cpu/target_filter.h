@@ -1,0 +1,156 @@
+// CPU construction of the filtered target distribution (see dblast/filtering.h): finds the
+// max, the top-k threshold (tie-inclusive k-th largest logit) and the top-p threshold
+// (weighted selection, expected O(V), no full sort) of one row of logits; plus the draft
+// softmax statistics and the inverse-CDF draw both CPU verifiers use.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "dblast/filtering.h"
+#include "dblast/mixture.h"
+
+namespace dblast::cpu {
+
+// k-th largest value counting multiplicity. Small k keeps a sorted buffer in one pass;
+// large k uses nth_element on a copy.
+inline float kth_largest(const float* logits, int64_t vocab, int64_t k, std::vector<float>& scratch) {
+  if (k <= 32) {
+    float best[32];
+    int64_t filled = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const float x = logits[v];
+      if (filled == k && !(x > best[k - 1])) continue;
+      int64_t pos = filled < k ? filled++ : k - 1;
+      while (pos > 0 && best[pos - 1] < x) {
+        best[pos] = best[pos - 1];
+        --pos;
+      }
+      best[pos] = x;
+    }
+    return best[k - 1];
+  }
+  scratch.assign(logits, logits + vocab);
+  std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
+  return scratch[k - 1];
+}
+
+struct TopPResult {
+  float threshold;
+  double kept_mass;
+};
+
+// Largest value t among `values` whose kept mass sum_{x >= t} w(x) reaches `target`
+// (the top-p rule), by three-way quickselect on mass. Reorders `values`.
+inline TopPResult top_p_threshold(std::vector<float>& values, double target, float max_logit,
+                                  double temperature) {
+  auto weight = [&](float x) { return softmax_weight(x, max_logit, temperature); };
+  double above = 0.0;  // mass of values already known to lie above the current range
+  auto lo = values.begin(), hi = values.end();
+  while (true) {
+    if (hi - lo <= 64) {
+      std::sort(lo, hi, std::greater<float>());
+      for (auto it = lo; it != hi;) {
+        const float value = *it;
+        for (; it != hi && *it == value; ++it) above += weight(*it);
+        if (above >= target || it == hi) return {value, above};
+      }
+      // Only reached when the range is empty, which the loop invariant excludes.
+      return {*(hi - 1), above};
+    }
+    const float a = *lo, b = *(lo + (hi - lo) / 2), c = *(hi - 1);
+    const float pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));
+    auto gt_end = std::partition(lo, hi, [&](float x) { return x > pivot; });
+    auto eq_end = std::partition(gt_end, hi, [&](float x) { return x == pivot; });
+    double gt_mass = 0.0, eq_mass = 0.0;
+    for (auto it = lo; it != gt_end; ++it) gt_mass += weight(*it);
+    if (above + gt_mass >= target) {
+      hi = gt_end;
+      continue;
+    }
+    for (auto it = gt_end; it != eq_end; ++it) eq_mass += weight(*it);
+    above += gt_mass + eq_mass;
+    if (above >= target || eq_end == hi) return {pivot, above};
+    lo = eq_end;
+  }
+}
+
+// Builds the filtered distribution of one row of float logits.
+inline FilteredDist build_filtered_dist(const float* logits, int64_t vocab, const FilterSpec& spec,
+                                        std::vector<float>& scratch) {
+  FilteredDist dist;
+  dist.temperature = spec.temperature;
+  int64_t best = 0;
+  for (int64_t v = 1; v < vocab; ++v) {
+    if (logits[v] > logits[best]) best = v;
+  }
+  dist.greedy_token = best;
+  dist.max_logit = logits[best];
+  dist.threshold = -std::numeric_limits<float>::infinity();
+  dist.norm = 1.0;
+  if (spec.greedy()) return dist;
+
+  if (spec.uses_top_k(vocab)) dist.threshold = kth_largest(logits, vocab, spec.top_k, scratch);
+  double mass = 0.0;
+  for (int64_t v = 0; v < vocab; ++v) {
+    if (logits[v] >= dist.threshold) mass += softmax_weight(logits[v], dist.max_logit, spec.temperature);
+  }
+  if (spec.uses_top_p()) {
+    scratch.clear();
+    for (int64_t v = 0; v < vocab; ++v) {
+      if (logits[v] >= dist.threshold) scratch.push_back(logits[v]);
+    }
+    const TopPResult top_p = top_p_threshold(scratch, spec.top_p * mass, dist.max_logit, spec.temperature);
+    dist.threshold = top_p.threshold;
+    mass = top_p.kept_mass;
+  }
+  dist.norm = mass;
+  return dist;
+}
+
+// Tempered softmax statistics of one row of draft logits (soft-mixture verification).
+inline DraftSoftmax build_draft_softmax(const float* logits, int64_t vocab, double temperature) {
+  float max_logit = logits[0];
+  for (int64_t v = 1; v < vocab; ++v) max_logit = std::max(max_logit, logits[v]);
+  double sum = 0.0;
+  for (int64_t v = 0; v < vocab; ++v) sum += softmax_weight(logits[v], max_logit, temperature);
+  return {max_logit, std::log(sum), temperature};
+}
+
+// Converts one row of logits of any supported dtype to float (a no-op copy for float).
+template <typename scalar_t>
+inline const float* row_as_float(const scalar_t* row, int64_t vocab, std::vector<float>& buffer) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    return row;
+  } else {
+    buffer.resize(vocab);
+    for (int64_t v = 0; v < vocab; ++v) buffer[v] = static_cast<float>(row[v]);
+    return buffer.data();
+  }
+}
+
+// Inverse-CDF draw over token ids in increasing order from nonnegative weights r(v):
+// the first v with r(v) > 0 whose running sum exceeds u * sum(r); the last positive
+// token if rounding leaves the target unreached. Returns -1 when all weights are zero.
+template <typename WeightFn>
+inline int64_t inverse_cdf_draw(int64_t vocab, double uniform, WeightFn weight) {
+  double total = 0.0;
+  for (int64_t v = 0; v < vocab; ++v) total += weight(v);
+  if (!(total > 0.0)) return -1;
+  const double target = uniform * total;
+  double running = 0.0;
+  int64_t last_positive = -1;
+  for (int64_t v = 0; v < vocab; ++v) {
+    const double w = weight(v);
+    if (!(w > 0.0)) continue;
+    running += w;
+    last_positive = v;
+    if (running > target) return v;
+  }
+  return last_positive;
+}
+
+}  // namespace dblast::cpu

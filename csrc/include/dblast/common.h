@@ -1,0 +1,18 @@
+// Macros and small helpers shared by the CPU (host) and CUDA (device) code paths.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define DBLAST_HD __host__ __device__ __forceinline__
+#else
+#define DBLAST_HD inline
+#endif
+
+namespace dblast {
+
+// Upper bound on the number of latent branches K. Kernels keep per-branch state in
+// registers/shared memory; wrappers reject larger K before any kernel runs.
+constexpr int kMaxBranches = 64;
+
+}  // namespace dblast

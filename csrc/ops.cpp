@@ -1,0 +1,50 @@
+// Every dblast op schema, in one place. Kernels are registered per dispatch key in
+// csrc/cpu/*.cpp and csrc/cuda/*.cu; fake (meta) implementations live in dblast_ext/ops.py.
+#include <Python.h>
+#include <torch/library.h>
+
+#include <string>
+
+#ifndef DBLAST_TORCH_VERSION
+#define DBLAST_TORCH_VERSION "unknown"
+#endif
+#ifndef DBLAST_CUDA_ARCHS
+#define DBLAST_CUDA_ARCHS ""
+#endif
+
+namespace dblast {
+
+// Facts fixed at build time, as JSON: read by dblast_ext.build_info().
+std::string build_info() {
+#ifdef DBLAST_WITH_CUDA
+  const bool cuda = true;
+#else
+  const bool cuda = false;
+#endif
+  return std::string("{\"cuda_compiled\": ") + (cuda ? "true" : "false") + ", \"cuda_archs\": \"" +
+         DBLAST_CUDA_ARCHS + "\", \"torch_version\": \"" + DBLAST_TORCH_VERSION + "\"}";
+}
+
+TORCH_LIBRARY(dblast, m) {
+  m.def("build_info() -> str", &build_info);
+  // Greedy-branch speculative verification (DBLast Eq 18-21, Algorithm 1).
+  m.def(
+      "branch_verify(Tensor target_logits, Tensor branch_tokens, Tensor branch_prior, Tensor branch, "
+      "Tensor uniforms, float temperature, int top_k, float top_p, bool validate) -> (Tensor, Tensor, Tensor)");
+  // Soft-mixture speculative verification with the posterior update (DBLast Eq 5, 10-12).
+  m.def(
+      "mixture_verify(Tensor target_logits, Tensor draft_logits, Tensor branch_prior, Tensor draft_tokens, "
+      "Tensor uniforms, float temperature, int top_k, float top_p, float draft_temperature, bool validate) "
+      "-> (Tensor, Tensor, Tensor)");
+}
+
+}  // namespace dblast
+
+// `import dblast_ext._C` loads this library (and so registers the ops); the module itself
+// is empty. The CMake build produces the same library for torch.ops.load_library.
+extern "C" {
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}

@@ -1,0 +1,95 @@
+"""Python entry points of the dblast ops (thin wrappers over torch.ops.dblast.*).
+
+Each op has a fake (meta) implementation registered here, so that
+torch.library.opcheck passes and torch.compile(fullgraph=True) can trace it.
+Randomness comes from caller-supplied uniforms; when none are given they are drawn
+from `generator`, so CPU and CUDA make identical decisions on identical inputs.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from .results import VerifyResult, draw_uniforms
+
+__all__ = ["branch_verify", "mixture_verify", "sample_mixture_draft", "VerifyResult"]
+
+
+def branch_verify(target_logits: torch.Tensor, branch_tokens: torch.Tensor, branch_prior: torch.Tensor,
+                  branch: torch.Tensor, uniforms: Optional[torch.Tensor] = None, *, temperature: float = 1.0,
+                  top_k: int = 0, top_p: float = 1.0, generator: Optional[torch.Generator] = None,
+                  validate: bool = True) -> VerifyResult:
+    """Greedy-branch speculative verification (DBLast Eq 18-21, Algorithm 1), one launch.
+
+    Args:
+        target_logits: [N, b+1, V] float32/bfloat16/float16, the target's raw logits at the
+            b drafted positions and the bonus position, computed on the selected draft.
+        branch_tokens: [N, K, b] int64, greedy token of every branch at every position.
+        branch_prior: [N, K] float32, the tempered category distribution (rows sum to 1).
+        branch: [N] int64, the sampled category; the draft is branch_tokens[n, branch[n]].
+        uniforms: [N, b+1] float32/float64 in [0, 1); column i < b decides position i+1
+            (accept iff u < A), column b draws the final token by inverse CDF. Drawn from
+            `generator` when None.
+        temperature, top_k, top_p: the target's sampling filter (T=0 is greedy).
+        validate: check the values (finite logits, token ranges, prior, uniforms) before
+            the kernel runs; costs one device sync on CUDA.
+
+    Returns:
+        VerifyResult(num_accepted [N] int32, output_tokens [N, b+1] int64,
+        accept_probs [N, b] float32).
+    """
+    uniforms = draw_uniforms(target_logits, uniforms, generator)
+    return VerifyResult(*torch.ops.dblast.branch_verify(
+        target_logits, branch_tokens, branch_prior, branch, uniforms,
+        float(temperature), int(top_k), float(top_p), bool(validate)))
+
+
+def mixture_verify(target_logits: torch.Tensor, draft_logits: torch.Tensor, branch_prior: torch.Tensor,
+                   draft_tokens: torch.Tensor, uniforms: Optional[torch.Tensor] = None, *,
+                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                   draft_temperature: float = 1.0, generator: Optional[torch.Generator] = None,
+                   validate: bool = True) -> VerifyResult:
+    """Soft-mixture speculative verification with the category posterior update (DBLast Eq 5, 10-12).
+
+    Args:
+        target_logits: [N, b+1, V] float32/bfloat16/float16 target logits on the draft.
+        draft_logits: [N, K, b, V] branch logits; q_i(. | z) = softmax(draft_logits[:, z, i] / draft_temperature).
+        branch_prior: [N, K] float32 category distribution.
+        draft_tokens: [N, b] int64, sampled from the mixture (see sample_mixture_draft).
+        uniforms, temperature, top_k, top_p, generator, validate: as in branch_verify.
+
+    With K = 1 this is standard speculative sampling.
+    """
+    uniforms = draw_uniforms(target_logits, uniforms, generator)
+    return VerifyResult(*torch.ops.dblast.mixture_verify(
+        target_logits, draft_logits, branch_prior, draft_tokens, uniforms,
+        float(temperature), int(top_k), float(top_p), float(draft_temperature), bool(validate)))
+
+
+def sample_mixture_draft(draft_logits: torch.Tensor, branch_prior: torch.Tensor, *, draft_temperature: float = 1.0,
+                         generator: Optional[torch.Generator] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Draws a block from the soft mixture: z ~ prior, then every position from branch z.
+
+    Returns (draft_tokens [N, b] int64, branch [N] int64).
+    """
+    from .reference import sample_mixture_draft as _sample  # plain PyTorch: no kernel needed
+
+    return _sample(draft_logits, branch_prior, draft_temperature=draft_temperature, generator=generator)
+
+
+def _verify_fake(target_logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, positions = target_logits.shape[0], target_logits.shape[1]
+    return (target_logits.new_empty((rows,), dtype=torch.int32),
+            target_logits.new_empty((rows, positions), dtype=torch.int64),
+            target_logits.new_empty((rows, positions - 1), dtype=torch.float32))
+
+
+@torch.library.register_fake("dblast::branch_verify")
+def _branch_verify_fake(target_logits, branch_tokens, branch_prior, branch, uniforms, temperature, top_k, top_p,
+                        validate):
+    return _verify_fake(target_logits)
+
+
+@torch.library.register_fake("dblast::mixture_verify")
+def _mixture_verify_fake(target_logits, draft_logits, branch_prior, draft_tokens, uniforms, temperature, top_k,
+                         top_p, draft_temperature, validate):
+    return _verify_fake(target_logits)

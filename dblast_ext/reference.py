@@ -1,0 +1,165 @@
+"""Executable specification of every dblast op, in plain PyTorch (float64 math).
+
+Each function has the signature of its op in dblast_ext.ops and is written for
+readability, not speed: it materialises full distributions and loops over block
+positions. Op tests compare the kernels against these functions.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from .results import VerifyResult, draw_uniforms
+
+__all__ = ["filter_target_probs", "branch_verify", "mixture_verify", "sample_mixture_draft",
+           "greedy_branch_proposal", "mixture_proposal", "inverse_cdf_sample"]
+
+
+def filter_target_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
+                        top_p: float = 1.0) -> torch.Tensor:
+    """The target's filtered sampling distribution over the last dimension, float64.
+
+    logits / T, then top-k (keep every token whose logit is >= the k-th largest),
+    renormalise, then top-p (keep {v : p(v) >= theta} for the largest theta whose kept
+    mass is >= top_p), renormalise. T = 0 is greedy: a one-hot at the argmax (lowest
+    token id on ties). top_k <= 0 (or >= V) and top_p >= 1 disable their filter.
+    """
+    x = logits.double()
+    vocab = x.shape[-1]
+    if temperature == 0:
+        greedy = torch.zeros_like(x)
+        return greedy.scatter_(-1, x.argmax(dim=-1, keepdim=True), 1.0)
+    x = x / temperature
+    if 0 < top_k < vocab:
+        kth = x.topk(top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = x.softmax(dim=-1)
+    if top_p < 1:
+        ordered = probs.sort(dim=-1, descending=True).values
+        cumulative = ordered.cumsum(dim=-1)
+        # first sorted position whose cumulative mass reaches top_p (rounding may leave
+        # every position short: then all tokens stay)
+        boundary = (cumulative < top_p).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)
+        theta = ordered.gather(-1, boundary)
+        probs = probs.masked_fill(probs < theta, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def inverse_cdf_sample(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Per row of nonnegative weights [N, V]: the first token id (increasing order) with
+    positive weight whose cumulative weight exceeds u * total; the last positive token
+    if rounding leaves the target unreached."""
+    cumulative = weights.cumsum(dim=-1)
+    target = uniform.double().unsqueeze(-1) * cumulative[..., -1:]
+    crossed = (cumulative > target) & (weights > 0)
+    vocab = weights.shape[-1]
+    ids = torch.arange(vocab, device=weights.device)
+    first = torch.where(crossed, ids, vocab).min(dim=-1).values
+    last_positive = torch.where(weights > 0, ids, -1).max(dim=-1).values
+    return torch.where(first < vocab, first, last_positive)
+
+
+def _residual_or_target(p: torch.Tensor, q: Optional[torch.Tensor]) -> torch.Tensor:
+    """Normalisable weights of the final token: [p - q]+ after a rejection (p itself
+    when that mass is zero), or p at the bonus position (q is None)."""
+    if q is None:
+        return p
+    residual = (p - q).clamp(min=0.0)
+    empty = residual.sum(dim=-1, keepdim=True) <= 0
+    return torch.where(empty, p, residual)
+
+
+def _verify_from_proposals(p: torch.Tensor, draft: torch.Tensor, proposals, uniforms: torch.Tensor) -> VerifyResult:
+    """Shared acceptance / residual logic. p: [N, b+1, V] filtered target; draft: [N, b];
+    proposals[i]: [N, V] proposal conditional q(. | x_<i) at draft position i."""
+    rows, num_draft = draft.shape
+    u = uniforms.double()
+    accept = torch.empty(rows, num_draft, dtype=torch.float64, device=p.device)
+    for i in range(num_draft):
+        x = draft[:, i : i + 1]
+        p_x = p[:, i].gather(-1, x).squeeze(-1)
+        q_x = proposals[i].gather(-1, x).squeeze(-1)
+        accept[:, i] = torch.where(q_x > 0, (p_x / q_x.clamp(min=1e-300)).clamp(max=1.0), (p_x > 0).double())
+    rejected = ~(u[:, :num_draft] < accept)
+    # first rejected position, or b when every draft passes
+    positions = torch.arange(num_draft, device=p.device)
+    num_accepted = torch.where(rejected, positions, num_draft).min(dim=-1).values
+
+    output = torch.full((rows, num_draft + 1), -1, dtype=torch.int64, device=p.device)
+    for n in range(rows):
+        k = int(num_accepted[n])
+        output[n, :k] = draft[n, :k]
+        q = proposals[k][n] if k < num_draft else None
+        weights = _residual_or_target(p[n, k], q)
+        output[n, k] = inverse_cdf_sample(weights.unsqueeze(0), u[n, num_draft : num_draft + 1])[0]
+    return VerifyResult(num_accepted.to(torch.int32), output, accept.float())
+
+
+def greedy_branch_proposal(branch_tokens: torch.Tensor, branch_prior: torch.Tensor, branch: torch.Tensor,
+                           vocab_size: int) -> list:
+    """q(. | x_<i) of the greedy-branch mixture (Eq 19-20) for every draft position i:
+    the prior renormalised over branches whose first i tokens equal the draft's, each
+    putting its mass on its own token at position i. Returns b tensors [N, V] (float64)."""
+    rows, _, num_draft = branch_tokens.shape
+    draft = branch_tokens[torch.arange(rows), branch]
+    proposals = []
+    for i in range(num_draft):
+        consistent = (branch_tokens[:, :, :i] == draft[:, None, :i]).all(dim=-1)
+        weights = branch_prior.double() * consistent
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        q = torch.zeros(rows, vocab_size, dtype=torch.float64, device=branch_tokens.device)
+        proposals.append(q.scatter_add_(-1, branch_tokens[:, :, i], weights))
+    return proposals
+
+
+def branch_verify(target_logits: torch.Tensor, branch_tokens: torch.Tensor, branch_prior: torch.Tensor,
+                  branch: torch.Tensor, uniforms: Optional[torch.Tensor] = None, *, temperature: float = 1.0,
+                  top_k: int = 0, top_p: float = 1.0, generator: Optional[torch.Generator] = None,
+                  validate: bool = True) -> VerifyResult:
+    """Greedy-branch verification (DBLast Eq 18-21). See dblast_ext.ops.branch_verify."""
+    uniforms = draw_uniforms(target_logits, uniforms, generator)
+    p = filter_target_probs(target_logits, temperature, top_k, top_p)
+    draft = branch_tokens[torch.arange(branch_tokens.shape[0]), branch]
+    proposals = greedy_branch_proposal(branch_tokens, branch_prior, branch, target_logits.shape[-1])
+    return _verify_from_proposals(p, draft, proposals, uniforms)
+
+
+def mixture_proposal(draft_logits: torch.Tensor, branch_prior: torch.Tensor, draft_tokens: torch.Tensor,
+                     draft_temperature: float = 1.0) -> list:
+    """q(. | x_<i) of the soft mixture (Eq 11-12) for every draft position i: the branch
+    conditionals weighted by the category posterior after the draft prefix.
+    Returns b tensors [N, V] (float64)."""
+    log_q = (draft_logits.double() / draft_temperature).log_softmax(dim=-1)  # [N, K, b, V]
+    rows, num_branches, num_draft, _ = log_q.shape
+    index = draft_tokens[:, None, :, None].expand(rows, num_branches, num_draft, 1)
+    log_q_draft = log_q.gather(-1, index).squeeze(-1)  # [N, K, b]: log q_j(x_j | z)
+    log_prior = branch_prior.double().log()
+    proposals = []
+    for i in range(num_draft):
+        posterior = (log_prior + log_q_draft[:, :, :i].sum(dim=-1)).softmax(dim=-1)  # Eq 11
+        proposals.append((posterior[:, :, None] * log_q[:, :, i].exp()).sum(dim=1))  # Eq 12
+    return proposals
+
+
+def mixture_verify(target_logits: torch.Tensor, draft_logits: torch.Tensor, branch_prior: torch.Tensor,
+                   draft_tokens: torch.Tensor, uniforms: Optional[torch.Tensor] = None, *,
+                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                   draft_temperature: float = 1.0, generator: Optional[torch.Generator] = None,
+                   validate: bool = True) -> VerifyResult:
+    """Soft-mixture verification (DBLast Eq 5, 10-12). See dblast_ext.ops.mixture_verify."""
+    uniforms = draw_uniforms(target_logits, uniforms, generator)
+    p = filter_target_probs(target_logits, temperature, top_k, top_p)
+    proposals = mixture_proposal(draft_logits, branch_prior, draft_tokens, draft_temperature)
+    return _verify_from_proposals(p, draft_tokens, proposals, uniforms)
+
+
+def sample_mixture_draft(draft_logits: torch.Tensor, branch_prior: torch.Tensor, *, draft_temperature: float = 1.0,
+                         generator: Optional[torch.Generator] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Samples z ~ branch_prior, then each draft position from softmax(draft_logits[z] / T_d).
+    Returns (draft_tokens [N, b] int64, branch [N] int64)."""
+    rows, _, num_draft, vocab = draft_logits.shape
+    branch = torch.multinomial(branch_prior.double(), 1, generator=generator).squeeze(-1)
+    chosen = draft_logits[torch.arange(rows, device=draft_logits.device), branch]  # [N, b, V]
+    probs = (chosen.double() / draft_temperature).softmax(dim=-1).reshape(rows * num_draft, vocab)
+    tokens = torch.multinomial(probs, 1, generator=generator).reshape(rows, num_draft)
+    return tokens, branch

@@ -1,0 +1,31 @@
+"""Result types returned by the ops (and by their references)."""
+from typing import NamedTuple, Optional
+
+import torch
+
+
+class VerifyResult(NamedTuple):
+    """Outcome of one verification step for N rows.
+
+    num_accepted: int32 [N], accepted drafts n in 0..b.
+    output_tokens: int64 [N, b+1], the n accepted drafts, then the correction or bonus
+        token, then -1 padding.
+    accept_probs: float32 [N, b], acceptance probability A_i of every drafted position,
+        computed on the drafted prefix (also past a rejection), so that the expected
+        accepted length sum_i prod_{j<=i} A_j is available per cycle.
+    """
+
+    num_accepted: torch.Tensor
+    output_tokens: torch.Tensor
+    accept_probs: torch.Tensor
+
+
+def draw_uniforms(target_logits: torch.Tensor, uniforms: Optional[torch.Tensor],
+                  generator: Optional[torch.Generator]) -> torch.Tensor:
+    """The caller's uniforms, or fresh ones [N, b+1] on the logits' device."""
+    if uniforms is not None:
+        return uniforms
+    if target_logits.dim() != 3:
+        raise ValueError(f"target_logits must be [N, b+1, V], got shape {tuple(target_logits.shape)}")
+    rows, positions = target_logits.shape[:2]
+    return torch.rand(rows, positions, device=target_logits.device, dtype=torch.float64, generator=generator)
