@@ -45,7 +45,7 @@ def extension():
         ("DBLAST_CUDA_ARCHS", f'"{archs}"'),
         ("Py_LIMITED_API", "0x030a0000"),
     ]
-    cxx = ["-O3", "-std=c++17", "-fdiagnostics-color=always"]
+    cxx = ["-O3", "-std=c++20", "-fdiagnostics-color=always"]
     include_dirs = [os.path.join(ROOT, "csrc", "include")]
     if not with_cuda:
         return CppExtension(
@@ -54,7 +54,7 @@ def extension():
         )
     sources += sorted(glob.glob("csrc/cuda/*.cu"))
     macros.append(("DBLAST_WITH_CUDA", "1"))
-    nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr"]
+    nvcc = ["-O3", "-std=c++20", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr"]
     return CUDAExtension(
         "dblast_ext._C", sources, include_dirs=include_dirs, define_macros=macros,
         extra_compile_args={"cxx": cxx, "nvcc": nvcc}, py_limited_api=True,
