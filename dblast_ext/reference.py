@@ -11,7 +11,8 @@ import torch
 from .results import VerifyResult, draw_uniforms
 
 __all__ = ["filter_target_probs", "branch_verify", "mixture_verify", "sample_mixture_draft",
-           "greedy_branch_proposal", "mixture_proposal", "inverse_cdf_sample"]
+           "greedy_branch_proposal", "mixture_proposal", "acceptance_probs", "final_token_weights",
+           "inverse_cdf_sample"]
 
 
 def filter_target_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
@@ -59,8 +60,8 @@ def inverse_cdf_sample(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Te
     return torch.where(first < vocab, first, last_positive)
 
 
-def _residual_or_target(p: torch.Tensor, q: Optional[torch.Tensor]) -> torch.Tensor:
-    """Normalisable weights of the final token: [p - q]+ after a rejection (p itself
+def final_token_weights(p: torch.Tensor, q: Optional[torch.Tensor]) -> torch.Tensor:
+    """Unnormalised distribution of the final token: [p - q]+ after a rejection (p itself
     when that mass is zero), or p at the bonus position (q is None)."""
     if q is None:
         return p
@@ -69,17 +70,24 @@ def _residual_or_target(p: torch.Tensor, q: Optional[torch.Tensor]) -> torch.Ten
     return torch.where(empty, p, residual)
 
 
+def acceptance_probs(p: torch.Tensor, draft: torch.Tensor, proposals) -> torch.Tensor:
+    """A_i = min(1, p_i(x_i) / q(x_i | x_<i)) for every draft position (Eq 2, 21), float64 [N, b].
+    q = 0 (a draft the proposal cannot produce) is defined as "accept iff p > 0"."""
+    columns = []
+    for i in range(draft.shape[1]):
+        x = draft[:, i : i + 1]
+        p_x = p[:, i].gather(-1, x).squeeze(-1)
+        q_x = proposals[i].gather(-1, x).squeeze(-1)
+        columns.append(torch.where(q_x > 0, (p_x / q_x.clamp(min=1e-300)).clamp(max=1.0), (p_x > 0).double()))
+    return torch.stack(columns, dim=-1)
+
+
 def _verify_from_proposals(p: torch.Tensor, draft: torch.Tensor, proposals, uniforms: torch.Tensor) -> VerifyResult:
     """Shared acceptance / residual logic. p: [N, b+1, V] filtered target; draft: [N, b];
     proposals[i]: [N, V] proposal conditional q(. | x_<i) at draft position i."""
     rows, num_draft = draft.shape
     u = uniforms.double()
-    accept = torch.empty(rows, num_draft, dtype=torch.float64, device=p.device)
-    for i in range(num_draft):
-        x = draft[:, i : i + 1]
-        p_x = p[:, i].gather(-1, x).squeeze(-1)
-        q_x = proposals[i].gather(-1, x).squeeze(-1)
-        accept[:, i] = torch.where(q_x > 0, (p_x / q_x.clamp(min=1e-300)).clamp(max=1.0), (p_x > 0).double())
+    accept = acceptance_probs(p, draft, proposals)
     rejected = ~(u[:, :num_draft] < accept)
     # first rejected position, or b when every draft passes
     positions = torch.arange(num_draft, device=p.device)
@@ -90,7 +98,7 @@ def _verify_from_proposals(p: torch.Tensor, draft: torch.Tensor, proposals, unif
         k = int(num_accepted[n])
         output[n, :k] = draft[n, :k]
         q = proposals[k][n] if k < num_draft else None
-        weights = _residual_or_target(p[n, k], q)
+        weights = final_token_weights(p[n, k], q)
         output[n, k] = inverse_cdf_sample(weights.unsqueeze(0), u[n, num_draft : num_draft + 1])[0]
     return VerifyResult(num_accepted.to(torch.int32), output, accept.float())
 

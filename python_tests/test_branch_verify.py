@@ -1,0 +1,304 @@
+"""dblast::branch_verify against its specification (dblast_ext.reference.branch_verify)."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dblast_ext import ops, reference
+from verify_cases import FilterSettings, assert_verify_close, decision_margins, make_branch_case, to_device
+
+FILTERS = [FilterSettings(t, k, p) for t, k, p in itertools.product([0.0, 0.7, 1.0, 1.5], [0, 1, 20], [0.8, 0.95, 1.0])]
+
+
+def check_against_reference(case: dict, settings: FilterSettings, device):
+    result = ops.branch_verify(**to_device(case, device), **settings.kwargs())
+    expected = reference.branch_verify(**case, **settings.kwargs())
+    p = reference.filter_target_probs(case["target_logits"], **settings.kwargs())
+    rows = case["branch"].shape[0]
+    draft = case["branch_tokens"][torch.arange(rows), case["branch"]]
+    proposals = reference.greedy_branch_proposal(case["branch_tokens"], case["branch_prior"], case["branch"],
+                                                 case["target_logits"].shape[-1])
+    assert_verify_close(result, expected, decision_margins(p, draft, proposals, case["uniforms"]))
+    return result
+
+
+@pytest.mark.parametrize("num_draft,num_branches", list(itertools.product([1, 7, 15, 23], [1, 2, 4, 8])))
+def test_matches_reference_across_block_and_branch_counts(device, num_draft, num_branches):
+    seed = num_draft * 100 + num_branches
+    settings = FILTERS[seed % len(FILTERS)]
+    dtype = [torch.float32, torch.bfloat16][seed % 2]
+    case = make_branch_case(32, num_branches, num_draft, 1000, settings, torch.Generator().manual_seed(seed), dtype)
+    check_against_reference(case, settings, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("settings", FILTERS, ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
+def test_matches_reference_across_filters(device, settings, dtype):
+    case = make_branch_case(24, 4, 7, 1000, settings, torch.Generator().manual_seed(7), dtype)
+    result = check_against_reference(case, settings, device)
+    if settings.temperature == 0.0:
+        # greedy: a correction is always the target's argmax
+        greedy = case["target_logits"].float().argmax(-1)
+        rows = torch.arange(24)
+        k = result.num_accepted.cpu().long()
+        assert torch.equal(result.output_tokens.cpu()[rows, k], greedy[rows, k])
+
+
+@pytest.mark.parametrize("vocab,settings", [
+    (17, FilterSettings(1.0, 0, 1.0)),
+    (17, FilterSettings(0.7, 5, 0.9)),
+    (151936, FilterSettings(1.0, 20, 0.95)),
+    (151936, FilterSettings(1.0, 0, 0.8)),
+    (151936, FilterSettings(0.7, 0, 1.0)),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_reference_across_vocab_sizes(device, vocab, settings, dtype):
+    rows = 64 if vocab < 1000 else 3
+    case = make_branch_case(rows, 4, 15, vocab, settings, torch.Generator().manual_seed(vocab), dtype)
+    check_against_reference(case, settings, device)
+
+
+def test_accept_probs_cover_every_drafted_position(device):
+    settings = FilterSettings(1.0, 0, 1.0)
+    case = make_branch_case(64, 4, 7, 50, settings, torch.Generator().manual_seed(3))
+    result = ops.branch_verify(**to_device(case, device))
+    expected = reference.branch_verify(**case)
+    # positions past the first rejection still carry A_i of the drafted prefix
+    assert (result.num_accepted.cpu() < 7).any()
+    torch.testing.assert_close(result.accept_probs.cpu(), expected.accept_probs, atol=1e-6, rtol=0)
+    padded = torch.arange(8)[None, :] > result.num_accepted.cpu()[:, None].long()
+    assert (result.output_tokens.cpu()[padded] == -1).all()
+
+
+def test_single_branch_is_independent_greedy_draft(device):
+    # K = 1: accept with p(x_i), and the residual is p without x_i.
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(40, 6, 30, generator=g)
+    tokens = torch.randint(0, 30, (40, 1, 5), generator=g)
+    prior = torch.ones(40, 1)
+    branch = torch.zeros(40, dtype=torch.int64)
+    uniforms = torch.rand(40, 6, generator=g, dtype=torch.float64)
+    result = ops.branch_verify(logits.to(device), tokens.to(device), prior.to(device), branch.to(device),
+                               uniforms.to(device))
+    p = torch.softmax(logits.double(), -1)
+    p_draft = p[:, :5].gather(-1, tokens[:, 0, :, None]).squeeze(-1)
+    torch.testing.assert_close(result.accept_probs.cpu(), p_draft.float(), atol=1e-6, rtol=0)
+    k = result.num_accepted.cpu().long()
+    rows = torch.arange(40)
+    rejected = k < 5
+    corrections = result.output_tokens.cpu()[rows, k]
+    assert (corrections[rejected] != tokens[rows, 0, k.clamp(max=4)][rejected]).all()
+
+
+def test_uniforms_drawn_from_generator_are_reproducible(device):
+    case = to_device(make_branch_case(8, 4, 7, 100, FilterSettings(), torch.Generator().manual_seed(5)), device)
+    case.pop("uniforms")
+    gen = lambda: torch.Generator(device=device).manual_seed(99)  # noqa: E731
+    a = ops.branch_verify(**case, generator=gen())
+    b = ops.branch_verify(**case, generator=gen())
+    assert torch.equal(a.output_tokens, b.output_tokens)
+
+
+# --- losslessness ---------------------------------------------------------------------------
+
+def chi_square_pvalue(observed: np.ndarray, expected: np.ndarray) -> float:
+    """Chi-square goodness of fit, pooling cells with expected count below 5."""
+    order = np.argsort(expected)
+    obs, exp = observed[order].astype(float), expected[order].astype(float)
+    pooled_obs, pooled_exp, acc_o, acc_e = [], [], 0.0, 0.0
+    for o, e in zip(obs, exp):
+        acc_o, acc_e = acc_o + o, acc_e + e
+        if acc_e >= 5:
+            pooled_obs.append(acc_o)
+            pooled_exp.append(acc_e)
+            acc_o = acc_e = 0.0
+    if acc_e > 0:
+        pooled_obs[-1] += acc_o
+        pooled_exp[-1] += acc_e
+    assert observed.sum() == pytest.approx(expected.sum(), rel=1e-6)
+    assert not np.any((np.array(pooled_exp) == 0) & (np.array(pooled_obs) > 0))
+    if len(pooled_exp) == 1:  # a point mass (greedy): the totals already matched exactly
+        return 1.0
+    return stats.chisquare(pooled_obs, pooled_exp).pvalue
+
+
+SAMPLES = 100_000
+STAT_FILTERS = [FilterSettings(1.0, 0, 1.0), FilterSettings(0.7, 6, 0.9), FilterSettings(1.5, 0, 0.95),
+                FilterSettings(0.0, 0, 1.0)]
+
+
+def small_branch_problem(seed: int):
+    """V = 17, b = 3, K = 4 branches with shared prefixes, drafted from the target's top tokens."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1, 4, 17, generator=g) * 1.5
+    top = logits[0, :3].argsort(-1, descending=True)  # [3, 17]
+    a, b_, c, d = top[:, 0], top[:, 1], top[:, 2], top[:, 3]
+    branches = torch.stack([
+        torch.stack([a[0], a[1], a[2]]),
+        torch.stack([a[0], a[1], b_[2]]),
+        torch.stack([b_[0], c[1], a[2]]),
+        torch.stack([a[0], d[1], c[2]]),
+    ])[None]  # [1, K, b]
+    prior = torch.tensor([[0.4, 0.3, 0.2, 0.1]])
+    return logits, branches, prior
+
+
+@pytest.mark.parametrize("settings", STAT_FILTERS, ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
+def test_first_emitted_token_follows_filtered_target(device, settings):
+    logits, branches, prior = small_branch_problem(21)
+    g = torch.Generator().manual_seed(22)
+    branch = torch.multinomial(prior[0], SAMPLES, replacement=True, generator=g)  # z ~ prior
+    uniforms = torch.rand(SAMPLES, 4, generator=g, dtype=torch.float64)
+    result = ops.branch_verify(logits.expand(SAMPLES, -1, -1).contiguous().to(device),
+                               branches.expand(SAMPLES, -1, -1).contiguous().to(device),
+                               prior.expand(SAMPLES, -1).contiguous().to(device), branch.to(device),
+                               uniforms.to(device), **settings.kwargs())
+    first = result.output_tokens[:, 0].cpu().numpy()
+    p1 = reference.filter_target_probs(logits[0, 0], **settings.kwargs()).numpy()
+    observed = np.bincount(first, minlength=17)
+    assert observed[p1 == 0].sum() == 0, "emitted a token the filtered target excludes"
+    assert chi_square_pvalue(observed, p1 * SAMPLES) > 1e-3
+
+
+def exact_joint(p: torch.Tensor, draft: torch.Tensor, q_at) -> np.ndarray:
+    """P(num_accepted = k, final token = v) for a fixed draft, straight from the rules:
+    accept x_i with min(1, p/q); on rejection draw from [p - q]+ normalised (p if empty);
+    after b acceptances draw from p_{b+1}. q_at(i) is the proposal q(. | x_<i)."""
+    b, vocab = draft.shape[0], p.shape[-1]
+    joint = np.zeros((b + 1, vocab))
+    survive = 1.0
+    for i in range(b):
+        q = q_at(i)
+        x = int(draft[i])
+        accept = min(1.0, float(p[i, x] / q[x])) if q[x] > 0 else float(p[i, x] > 0)
+        residual = (p[i] - q).clamp(min=0)
+        if residual.sum() <= 0:
+            residual = p[i].clone()
+        joint[i] = survive * (1 - accept) * (residual / residual.sum()).numpy()
+        survive *= accept
+    joint[b] = survive * p[b].numpy()
+    return joint
+
+
+@pytest.mark.parametrize("settings", STAT_FILTERS[:3], ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
+@pytest.mark.parametrize("chosen", [0, 2])
+def test_joint_of_accepted_count_and_final_token_given_branch(device, settings, chosen):
+    logits, branches, prior = small_branch_problem(31)
+    p = reference.filter_target_probs(logits[0], **settings.kwargs())
+    draft = branches[0, chosen]
+
+    def q_at(i):  # Eq 19-20 written out: renormalised prior of consistent branches on their tokens
+        q = torch.zeros(17, dtype=torch.float64)
+        consistent = [z for z in range(4) if torch.equal(branches[0, z, :i], draft[:i])]
+        mass = sum(float(prior[0, z]) for z in consistent)
+        for z in consistent:
+            q[branches[0, z, i]] += float(prior[0, z]) / mass
+        return q
+
+    joint = exact_joint(p, draft, q_at)
+    g = torch.Generator().manual_seed(32)
+    uniforms = torch.rand(SAMPLES, 4, generator=g, dtype=torch.float64)
+    result = ops.branch_verify(logits.expand(SAMPLES, -1, -1).contiguous().to(device),
+                               branches.expand(SAMPLES, -1, -1).contiguous().to(device),
+                               prior.expand(SAMPLES, -1).contiguous().to(device),
+                               torch.full((SAMPLES,), chosen).to(device), uniforms.to(device), **settings.kwargs())
+    k = result.num_accepted.cpu().long()
+    final = result.output_tokens.cpu()[torch.arange(SAMPLES), k]
+    observed = np.bincount((k * 17 + final).numpy(), minlength=4 * 17).reshape(4, 17)
+    assert observed[joint == 0].sum() == 0
+    assert chi_square_pvalue(observed.ravel(), joint.ravel() * SAMPLES) > 1e-3
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+def _base_case():
+    return make_branch_case(4, 3, 5, 40, FilterSettings(), torch.Generator().manual_seed(0), zero_prior=False)
+
+
+def _with(**changes):
+    def build():
+        case = _base_case()
+        for key, fn in changes.items():
+            case[key] = fn(case[key]) if callable(fn) else fn
+        return case
+    return build
+
+
+def _zero_selected_prior(case):
+    case["branch_prior"][0] = torch.tensor([0.5, 0.5, 0.0])
+    case["branch"][0] = 2
+    return case
+
+
+BAD_INPUTS = [
+    ("target_logits", _with(target_logits=lambda t: t[0])),
+    ("target_logits", _with(target_logits=lambda t: t.to(torch.int32))),
+    ("target_logits", _with(target_logits=lambda t: t.index_fill(2, torch.tensor([3]), float("nan")))),
+    ("target_logits", _with(target_logits=lambda t: t.index_fill(2, torch.tensor([3]), float("inf")))),
+    ("branch_tokens", _with(branch_tokens=lambda t: t[:, :, :4])),
+    ("branch_tokens", _with(branch_tokens=lambda t: t.float())),
+    ("branch_tokens", _with(branch_tokens=lambda t: t.index_fill(2, torch.tensor([1]), 40))),
+    ("branch_tokens", _with(branch_tokens=lambda t: t.index_fill(2, torch.tensor([1]), -1))),
+    ("branch_prior", _with(branch_prior=lambda t: t[:, :2])),
+    ("branch_prior", _with(branch_prior=lambda t: t.double())),
+    ("branch_prior", _with(branch_prior=lambda t: t * 1.5)),
+    ("branch_prior", _with(branch_prior=lambda t: torch.tensor([[1.5, -0.5, 0.0]]).expand(4, 3).contiguous())),
+    ("branch", _with(branch=lambda t: t[:3])),
+    ("branch", _with(branch=lambda t: t.int())),
+    ("branch", _with(branch=lambda t: t.fill_(3))),
+    ("branch", lambda: _zero_selected_prior(_base_case())),
+    ("uniforms", _with(uniforms=lambda t: t[:, :5])),
+    ("uniforms", _with(uniforms=lambda t: t.fill_(1.0))),
+    ("uniforms", _with(uniforms=lambda t: t - 0.5)),
+    ("uniforms", _with(uniforms=lambda t: t.half())),
+]
+
+
+@pytest.mark.parametrize("name,build", BAD_INPUTS, ids=[f"{i}-{n}" for i, (n, _) in enumerate(BAD_INPUTS)])
+def test_bad_input_names_the_argument(name, build):
+    with pytest.raises(ValueError, match=name):
+        ops.branch_verify(**build())
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("top_p", dict(top_p=0.0)), ("top_p", dict(top_p=float("nan"))),
+    ("temperature", dict(temperature=-1.0)), ("temperature", dict(temperature=float("inf"))),
+])
+def test_bad_filter_settings_name_the_argument(name, kwargs):
+    with pytest.raises(ValueError, match=name):
+        ops.branch_verify(**_base_case(), **kwargs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="mixing devices needs a GPU")
+@pytest.mark.parametrize("name", ["branch_tokens", "branch_prior", "branch", "uniforms"])
+def test_mixed_devices_name_the_argument(name):
+    case = to_device(_base_case(), "cuda")
+    case[name] = case[name].cpu()
+    with pytest.raises(ValueError, match=name):
+        ops.branch_verify(**case)
+
+
+def test_too_many_branches_is_rejected():
+    case = make_branch_case(2, 65, 2, 100, FilterSettings(), torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="branches"):
+        ops.branch_verify(**case)
+
+
+# --- registration -----------------------------------------------------------------------------
+
+def test_opcheck(device):
+    case = to_device(make_branch_case(6, 4, 5, 64, FilterSettings(), torch.Generator().manual_seed(9)), device)
+    args = (case["target_logits"], case["branch_tokens"], case["branch_prior"], case["branch"], case["uniforms"],
+            0.9, 20, 0.95, True)
+    torch.library.opcheck(torch.ops.dblast.branch_verify.default, args)
+
+
+def test_traces_under_torch_compile_fullgraph(device):
+    case = to_device(make_branch_case(6, 4, 5, 64, FilterSettings(), torch.Generator().manual_seed(10)), device)
+    compiled = torch.compile(lambda **kw: ops.branch_verify(**kw, top_k=20), fullgraph=True, backend="aot_eager")
+    eager = ops.branch_verify(**case, top_k=20)
+    traced = compiled(**case)
+    for a, b in zip(eager, traced):
+        assert torch.equal(a, b)
