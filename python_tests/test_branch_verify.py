@@ -4,9 +4,9 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 from dblast_ext import ops, reference
+from losslessness import chi_square_pvalue, exact_joint
 from verify_cases import FilterSettings, assert_verify_close, decision_margins, make_branch_case, to_device
 
 FILTERS = [FilterSettings(t, k, p) for t, k, p in itertools.product([0.0, 0.7, 1.0, 1.5], [0, 1, 20], [0.8, 0.95, 1.0])]
@@ -103,27 +103,6 @@ def test_uniforms_drawn_from_generator_are_reproducible(device):
 
 # --- losslessness ---------------------------------------------------------------------------
 
-def chi_square_pvalue(observed: np.ndarray, expected: np.ndarray) -> float:
-    """Chi-square goodness of fit, pooling cells with expected count below 5."""
-    order = np.argsort(expected)
-    obs, exp = observed[order].astype(float), expected[order].astype(float)
-    pooled_obs, pooled_exp, acc_o, acc_e = [], [], 0.0, 0.0
-    for o, e in zip(obs, exp):
-        acc_o, acc_e = acc_o + o, acc_e + e
-        if acc_e >= 5:
-            pooled_obs.append(acc_o)
-            pooled_exp.append(acc_e)
-            acc_o = acc_e = 0.0
-    if acc_e > 0:
-        pooled_obs[-1] += acc_o
-        pooled_exp[-1] += acc_e
-    assert observed.sum() == pytest.approx(expected.sum(), rel=1e-6)
-    assert not np.any((np.array(pooled_exp) == 0) & (np.array(pooled_obs) > 0))
-    if len(pooled_exp) == 1:  # a point mass (greedy): the totals already matched exactly
-        return 1.0
-    return stats.chisquare(pooled_obs, pooled_exp).pvalue
-
-
 SAMPLES = 100_000
 STAT_FILTERS = [FilterSettings(1.0, 0, 1.0), FilterSettings(0.7, 6, 0.9), FilterSettings(1.5, 0, 0.95),
                 FilterSettings(0.0, 0, 1.0)]
@@ -160,26 +139,6 @@ def test_first_emitted_token_follows_filtered_target(device, settings):
     observed = np.bincount(first, minlength=17)
     assert observed[p1 == 0].sum() == 0, "emitted a token the filtered target excludes"
     assert chi_square_pvalue(observed, p1 * SAMPLES) > 1e-3
-
-
-def exact_joint(p: torch.Tensor, draft: torch.Tensor, q_at) -> np.ndarray:
-    """P(num_accepted = k, final token = v) for a fixed draft, straight from the rules:
-    accept x_i with min(1, p/q); on rejection draw from [p - q]+ normalised (p if empty);
-    after b acceptances draw from p_{b+1}. q_at(i) is the proposal q(. | x_<i)."""
-    b, vocab = draft.shape[0], p.shape[-1]
-    joint = np.zeros((b + 1, vocab))
-    survive = 1.0
-    for i in range(b):
-        q = q_at(i)
-        x = int(draft[i])
-        accept = min(1.0, float(p[i, x] / q[x])) if q[x] > 0 else float(p[i, x] > 0)
-        residual = (p[i] - q).clamp(min=0)
-        if residual.sum() <= 0:
-            residual = p[i].clone()
-        joint[i] = survive * (1 - accept) * (residual / residual.sum()).numpy()
-        survive *= accept
-    joint[b] = survive * p[b].numpy()
-    return joint
 
 
 @pytest.mark.parametrize("settings", STAT_FILTERS[:3], ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")

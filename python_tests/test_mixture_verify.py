@@ -1,0 +1,189 @@
+"""dblast::mixture_verify against its specification (dblast_ext.reference.mixture_verify)."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from dblast_ext import ops, reference
+from losslessness import chi_square_pvalue, exact_joint
+from verify_cases import FilterSettings, assert_verify_close, decision_margins, make_mixture_case, to_device
+
+FILTERS = [FilterSettings(t, k, p) for t, k, p in itertools.product([0.0, 0.7, 1.0, 1.5], [0, 1, 20], [0.8, 0.95, 1.0])]
+
+
+def check_against_reference(case: dict, settings: FilterSettings, device, draft_temperature: float = 1.0):
+    kwargs = dict(settings.kwargs(), draft_temperature=draft_temperature)
+    result = ops.mixture_verify(**to_device(case, device), **kwargs)
+    expected = reference.mixture_verify(**case, **kwargs)
+    p = reference.filter_target_probs(case["target_logits"], **settings.kwargs())
+    proposals = reference.mixture_proposal(case["draft_logits"], case["branch_prior"], case["draft_tokens"],
+                                           draft_temperature)
+    assert_verify_close(result, expected, decision_margins(p, case["draft_tokens"], proposals, case["uniforms"]))
+    return result
+
+
+@pytest.mark.parametrize("num_draft,num_branches", list(itertools.product([1, 7, 15, 23], [1, 2, 4, 8])))
+def test_matches_reference_across_block_and_branch_counts(device, num_draft, num_branches):
+    seed = num_draft * 100 + num_branches
+    settings = FILTERS[seed % len(FILTERS)]
+    dtype = [torch.float32, torch.bfloat16][seed % 2]
+    case = make_mixture_case(16, num_branches, num_draft, 300, settings, torch.Generator().manual_seed(seed), dtype)
+    check_against_reference(case, settings, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("settings", FILTERS, ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
+def test_matches_reference_across_filters(device, settings, dtype):
+    case = make_mixture_case(16, 4, 7, 500, settings, torch.Generator().manual_seed(8), dtype)
+    check_against_reference(case, settings, device)
+
+
+@pytest.mark.parametrize("vocab,settings,draft_temperature", [
+    (17, FilterSettings(1.0, 0, 1.0), 1.0),
+    (17, FilterSettings(0.7, 5, 0.9), 0.5),
+    (151936, FilterSettings(1.0, 20, 0.95), 1.0),
+    (151936, FilterSettings(1.0, 0, 0.8), 1.3),
+])
+def test_matches_reference_across_vocab_sizes(device, vocab, settings, draft_temperature):
+    rows = 32 if vocab < 1000 else 2
+    case = make_mixture_case(rows, 4, 7, vocab, settings, torch.Generator().manual_seed(vocab), torch.bfloat16,
+                             draft_temperature=draft_temperature)
+    check_against_reference(case, settings, device, draft_temperature)
+
+
+def test_mixed_logit_dtypes(device):
+    settings = FilterSettings(0.9, 0, 0.95)
+    case = make_mixture_case(16, 4, 7, 200, settings, torch.Generator().manual_seed(4))
+    case["draft_logits"] = case["draft_logits"].half()
+    check_against_reference(case, settings, device)
+
+
+def test_single_branch_is_standard_speculative_sampling(device):
+    # K = 1: accept with min(1, p/q), residual [p - q]+ (Leviathan et al.)
+    g = torch.Generator().manual_seed(12)
+    logits = torch.randn(32, 5, 40, generator=g)
+    draft_logits = torch.randn(32, 1, 4, 40, generator=g)
+    tokens = torch.randint(0, 40, (32, 4), generator=g)
+    result = ops.mixture_verify(logits.to(device), draft_logits.to(device), torch.ones(32, 1).to(device),
+                                tokens.to(device), generator=torch.Generator(device=device).manual_seed(1))
+    p = logits.double().softmax(-1)[:, :4].gather(-1, tokens[..., None]).squeeze(-1)
+    q = draft_logits[:, 0].double().softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
+    torch.testing.assert_close(result.accept_probs.cpu(), (p / q).clamp(max=1).float(), atol=1e-6, rtol=0)
+
+
+SAMPLES = 60_000
+STAT_FILTERS = [FilterSettings(1.0, 0, 1.0), FilterSettings(0.7, 6, 0.9), FilterSettings(0.0, 0, 1.0)]
+
+
+def small_mixture_problem(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1, 4, 17, generator=g) * 1.5
+    draft_logits = 0.8 * logits[:, None, :3] + torch.randn(1, 3, 3, 17, generator=g) * 1.5
+    prior = torch.tensor([[0.5, 0.3, 0.2]])
+    return logits, draft_logits, prior
+
+
+@pytest.mark.parametrize("settings", STAT_FILTERS, ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
+def test_first_emitted_token_follows_filtered_target(device, settings):
+    logits, draft_logits, prior = small_mixture_problem(41)
+    g = torch.Generator().manual_seed(42)
+    draft_logits = draft_logits.expand(SAMPLES, -1, -1, -1).contiguous()
+    prior = prior.expand(SAMPLES, -1).contiguous()
+    draft_tokens, _ = ops.sample_mixture_draft(draft_logits, prior, generator=g)
+    uniforms = torch.rand(SAMPLES, 4, generator=g, dtype=torch.float64)
+    result = ops.mixture_verify(logits.expand(SAMPLES, -1, -1).contiguous().to(device), draft_logits.to(device),
+                                prior.to(device), draft_tokens.to(device), uniforms.to(device), **settings.kwargs())
+    first = result.output_tokens[:, 0].cpu().numpy()
+    p1 = reference.filter_target_probs(logits[0, 0], **settings.kwargs()).numpy()
+    observed = np.bincount(first, minlength=17)
+    assert observed[p1 == 0].sum() == 0, "emitted a token the filtered target excludes"
+    assert chi_square_pvalue(observed, p1 * SAMPLES) > 1e-3
+
+
+@pytest.mark.parametrize("settings", STAT_FILTERS[:2], ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}")
+def test_joint_of_accepted_count_and_final_token_given_draft(device, settings):
+    logits, draft_logits, prior = small_mixture_problem(51)
+    p = reference.filter_target_probs(logits[0], **settings.kwargs())
+    draft = draft_logits[0].argmax(-1)[1]  # a plausible fixed draft: branch 1's modes
+    log_q = draft_logits[0].double().log_softmax(-1)  # [K, b, V]
+
+    def q_at(i):  # Eq 11-12 written out: posterior after x_<i, mixing the branch conditionals
+        log_w = prior[0].double().log() + sum(log_q[:, j, draft[j]] for j in range(i)) if i else prior[0].double().log()
+        w = (log_w - log_w.max()).exp()
+        w = w / w.sum()
+        return (w[:, None] * log_q[:, i].exp()).sum(0)
+
+    joint = exact_joint(p, draft, q_at)
+    g = torch.Generator().manual_seed(52)
+    uniforms = torch.rand(SAMPLES, 4, generator=g, dtype=torch.float64)
+    result = ops.mixture_verify(logits.expand(SAMPLES, -1, -1).contiguous().to(device),
+                                draft_logits.expand(SAMPLES, -1, -1, -1).contiguous().to(device),
+                                prior.expand(SAMPLES, -1).contiguous().to(device),
+                                draft.expand(SAMPLES, -1).contiguous().to(device), uniforms.to(device),
+                                **settings.kwargs())
+    k = result.num_accepted.cpu().long()
+    final = result.output_tokens.cpu()[torch.arange(SAMPLES), k]
+    observed = np.bincount((k * 17 + final).numpy(), minlength=4 * 17).reshape(4, 17)
+    assert observed[joint == 0].sum() == 0
+    assert chi_square_pvalue(observed.ravel(), joint.ravel() * SAMPLES) > 1e-3
+
+
+def test_sample_mixture_draft_follows_the_mixture():
+    g = torch.Generator().manual_seed(61)
+    draft_logits = torch.randn(1, 3, 2, 5, generator=g).expand(SAMPLES, -1, -1, -1)
+    prior = torch.tensor([[0.6, 0.3, 0.1]]).expand(SAMPLES, -1)
+    tokens, branch = ops.sample_mixture_draft(draft_logits, prior, draft_temperature=0.8, generator=g)
+    q = (draft_logits[0].double() / 0.8).softmax(-1)  # [K, b, V]
+    joint = (prior[0].double()[:, None, None] * q[:, 0, :, None] * q[:, 1, None, :]).sum(0)  # Eq 5, b = 2
+    observed = np.bincount((tokens[:, 0] * 5 + tokens[:, 1]).numpy(), minlength=25)
+    assert chi_square_pvalue(observed, joint.ravel().numpy() * SAMPLES) > 1e-3
+    assert chi_square_pvalue(np.bincount(branch.numpy(), minlength=3), np.array([0.6, 0.3, 0.1]) * SAMPLES) > 1e-3
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+def _base_case():
+    return make_mixture_case(4, 3, 5, 40, FilterSettings(), torch.Generator().manual_seed(0))
+
+
+def _with(**changes):
+    def build():
+        case = _base_case()
+        for key, fn in changes.items():
+            case[key] = fn(case[key])
+        return case
+    return build
+
+
+BAD_INPUTS = [
+    ("target_logits", _with(target_logits=lambda t: t.index_fill(2, torch.tensor([0]), float("nan")))),
+    ("draft_logits", _with(draft_logits=lambda t: t[..., :39])),
+    ("draft_logits", _with(draft_logits=lambda t: t[:, :, :4])),
+    ("draft_logits", _with(draft_logits=lambda t: t.double())),
+    ("draft_logits", _with(draft_logits=lambda t: t.index_fill(3, torch.tensor([0]), float("-inf")))),
+    ("branch_prior", _with(branch_prior=lambda t: t[:, :2])),
+    ("branch_prior", _with(branch_prior=lambda t: t * 0.5)),
+    ("draft_tokens", _with(draft_tokens=lambda t: t.fill_(40))),
+    ("draft_tokens", _with(draft_tokens=lambda t: t[:, :4])),
+    ("uniforms", _with(uniforms=lambda t: t.fill_(1.5))),
+]
+
+
+@pytest.mark.parametrize("name,build", BAD_INPUTS, ids=[f"{i}-{n}" for i, (n, _) in enumerate(BAD_INPUTS)])
+def test_bad_input_names_the_argument(name, build):
+    with pytest.raises(ValueError, match=name):
+        ops.mixture_verify(**build())
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan")])
+def test_bad_draft_temperature_is_rejected(value):
+    with pytest.raises(ValueError, match="draft_temperature"):
+        ops.mixture_verify(**_base_case(), draft_temperature=value)
+
+
+def test_opcheck(device):
+    case = to_device(make_mixture_case(4, 3, 5, 64, FilterSettings(), torch.Generator().manual_seed(9)), device)
+    args = (case["target_logits"], case["draft_logits"], case["branch_prior"], case["draft_tokens"],
+            case["uniforms"], 0.9, 20, 0.95, 0.8, True)
+    torch.library.opcheck(torch.ops.dblast.mixture_verify.default, args)
