@@ -38,26 +38,28 @@ def want_cuda() -> bool:
 
 def extension():
     with_cuda = want_cuda()
-    sources = ["csrc/ops.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    sources = ["csrc/ops.cpp", "csrc/python_module.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "") if with_cuda else ""
     macros = [
         ("DBLAST_TORCH_VERSION", f'"{torch.__version__}"'),
         ("DBLAST_CUDA_ARCHS", f'"{archs}"'),
         ("Py_LIMITED_API", "0x030a0000"),
     ]
-    cxx = ["-O3", "-std=c++20", "-fdiagnostics-color=always"]
+    # -fopenmp: at::parallel_for is a header template; without it the loops run serially.
+    cxx = ["-O3", "-std=c++20", "-fopenmp", "-fdiagnostics-color=always"]
+    link = ["-fopenmp"]
     include_dirs = [os.path.join(ROOT, "csrc", "include")]
     if not with_cuda:
         return CppExtension(
             "dblast_ext._C", sources, include_dirs=include_dirs, define_macros=macros,
-            extra_compile_args={"cxx": cxx}, py_limited_api=True,
+            extra_compile_args={"cxx": cxx}, extra_link_args=link, py_limited_api=True,
         )
     sources += sorted(glob.glob("csrc/cuda/*.cu"))
     macros.append(("DBLAST_WITH_CUDA", "1"))
     nvcc = ["-O3", "-std=c++20", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr"]
     return CUDAExtension(
         "dblast_ext._C", sources, include_dirs=include_dirs, define_macros=macros,
-        extra_compile_args={"cxx": cxx, "nvcc": nvcc}, py_limited_api=True,
+        extra_compile_args={"cxx": cxx, "nvcc": nvcc}, extra_link_args=link, py_limited_api=True,
     )
 
 

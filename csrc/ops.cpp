@@ -1,6 +1,5 @@
 // Every dblast op schema, in one place. Kernels are registered per dispatch key in
 // csrc/cpu/*.cpp and csrc/cuda/*.cu; fake (meta) implementations live in dblast_ext/ops.py.
-#include <Python.h>
 #include <torch/library.h>
 
 #include <string>
@@ -39,12 +38,3 @@ TORCH_LIBRARY(dblast, m) {
 }
 
 }  // namespace dblast
-
-// `import dblast_ext._C` loads this library (and so registers the ops); the module itself
-// is empty. The CMake build produces the same library for torch.ops.load_library.
-extern "C" {
-PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
-}
-}

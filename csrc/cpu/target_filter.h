@@ -15,22 +15,65 @@
 
 namespace dblast::cpu {
 
-// k-th largest value counting multiplicity. Small k keeps a sorted buffer in one pass;
-// large k uses nth_element on a copy.
+// First index of the maximum (lowest id on ties). Eight independent running maxima keep
+// the loop free of a serial dependency (a single running max costs ~4 cycles per logit).
+inline int64_t first_argmax(const float* logits, int64_t vocab) {
+  constexpr int kLanes = 8;
+  float best[kLanes];
+  int64_t index[kLanes];
+  for (int j = 0; j < kLanes; ++j) {
+    best[j] = -std::numeric_limits<float>::infinity();
+    index[j] = vocab;
+  }
+  int64_t v = 0;
+  for (; v + kLanes <= vocab; v += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const bool greater = logits[v + j] > best[j];
+      best[j] = greater ? logits[v + j] : best[j];
+      index[j] = greater ? v + j : index[j];
+    }
+  }
+  for (; v < vocab; ++v) {
+    if (logits[v] > best[0]) {
+      best[0] = logits[v];
+      index[0] = v;
+    }
+  }
+  int64_t winner = index[0];
+  float top = best[0];
+  for (int j = 1; j < kLanes; ++j) {
+    if (best[j] > top || (best[j] == top && index[j] < winner)) {
+      top = best[j];
+      winner = index[j];
+    }
+  }
+  return winner < vocab ? winner : 0;  // all -inf cannot happen (logits are finite)
+}
+
+// k-th largest value counting multiplicity. Small k keeps a sorted buffer in one pass,
+// skipping 8-logit chunks that cannot enter it; large k uses nth_element on a copy.
 inline float kth_largest(const float* logits, int64_t vocab, int64_t k, std::vector<float>& scratch) {
   if (k <= 32) {
     float best[32];
     int64_t filled = 0;
-    for (int64_t v = 0; v < vocab; ++v) {
-      const float x = logits[v];
-      if (filled == k && !(x > best[k - 1])) continue;
+    auto insert = [&](float x) {
+      if (filled == k && !(x > best[k - 1])) return;
       int64_t pos = filled < k ? filled++ : k - 1;
       while (pos > 0 && best[pos - 1] < x) {
         best[pos] = best[pos - 1];
         --pos;
       }
       best[pos] = x;
+    };
+    int64_t v = 0;
+    for (; v < vocab && filled < k; ++v) insert(logits[v]);
+    for (; v + 8 <= vocab; v += 8) {
+      bool any = false;
+      for (int j = 0; j < 8; ++j) any |= logits[v + j] > best[k - 1];
+      if (!any) continue;
+      for (int j = 0; j < 8; ++j) insert(logits[v + j]);
     }
+    for (; v < vocab; ++v) insert(logits[v]);
     return best[k - 1];
   }
   scratch.assign(logits, logits + vocab);
@@ -83,10 +126,7 @@ inline FilteredDist build_filtered_dist(const float* logits, int64_t vocab, cons
                                         std::vector<float>& scratch) {
   FilteredDist dist;
   dist.temperature = spec.temperature;
-  int64_t best = 0;
-  for (int64_t v = 1; v < vocab; ++v) {
-    if (logits[v] > logits[best]) best = v;
-  }
+  const int64_t best = first_argmax(logits, vocab);
   dist.greedy_token = best;
   dist.max_logit = logits[best];
   dist.threshold = -std::numeric_limits<float>::infinity();
@@ -113,8 +153,7 @@ inline FilteredDist build_filtered_dist(const float* logits, int64_t vocab, cons
 
 // Tempered softmax statistics of one row of draft logits (soft-mixture verification).
 inline DraftSoftmax build_draft_softmax(const float* logits, int64_t vocab, double temperature) {
-  float max_logit = logits[0];
-  for (int64_t v = 1; v < vocab; ++v) max_logit = std::max(max_logit, logits[v]);
+  const float max_logit = logits[first_argmax(logits, vocab)];
   double sum = 0.0;
   for (int64_t v = 0; v < vocab; ++v) sum += softmax_weight(logits[v], max_logit, temperature);
   return {max_logit, std::log(sum), temperature};
