@@ -39,19 +39,19 @@ void branch_verify_impl(const at::Tensor& target_logits, const at::Tensor& branc
   std::vector<FilteredDist> dists(rows * positions);
   std::vector<double> accept(rows * num_draft);
   at::parallel_for(0, rows * positions, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer, scratch;
+    std::vector<float> scratch;
     int64_t support_tokens[kMaxBranches];
     double support_probs[kMaxBranches];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t n = task / positions, i = task % positions;
-      const float* row = row_as_float(logits_of(n, i), vocab, buffer);
+      const scalar_t* row = logits_of(n, i);
       dists[task] = build_filtered_dist(row, vocab, spec, scratch);
       if (i == num_draft) continue;
       const int64_t x = draft_of(n)[i];
       const int count = greedy_branch_support(row_tokens(n), draft_of(n), prior + n * num_branches,
                                               num_branches, num_draft, static_cast<int>(i), support_tokens,
                                               support_probs);
-      const double p = dists[task].prob(row[x], x);
+      const double p = dists[task].prob(static_cast<float>(row[x]), x);
       const double q = sparse_prob(support_tokens, support_probs, count, x);
       accept[n * num_draft + i] = acceptance_prob(p, q);
       accept_out[n * num_draft + i] = static_cast<float>(accept[n * num_draft + i]);
@@ -59,7 +59,6 @@ void branch_verify_impl(const at::Tensor& target_logits, const at::Tensor& branc
   });
 
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer;
     int64_t support_tokens[kMaxBranches];
     double support_probs[kMaxBranches];
     for (int64_t n = begin; n < end; ++n) {
@@ -71,17 +70,21 @@ void branch_verify_impl(const at::Tensor& target_logits, const at::Tensor& branc
       accepted_out[n] = accepted;
 
       const FilteredDist& dist = dists[n * positions + accepted];
-      const float* row = row_as_float(logits_of(n, accepted), vocab, buffer);
+      const scalar_t* row = logits_of(n, accepted);
       const int count = accepted < num_draft
                             ? greedy_branch_support(row_tokens(n), draft, prior + n * num_branches, num_branches,
                                                     num_draft, accepted, support_tokens, support_probs)
                             : 0;  // bonus position: sample p itself
       const double uniform = static_cast<double>(u[n * positions + num_draft]);
       int64_t token = inverse_cdf_draw(vocab, uniform, [&](int64_t v) {
-        const double r = dist.prob(row[v], v) - sparse_prob(support_tokens, support_probs, count, v);
+        const double p = dist.prob(static_cast<float>(row[v]), v);
+        if (!(p > 0.0)) return 0.0;  // most tokens: no need to look up the sparse proposal
+        const double r = p - sparse_prob(support_tokens, support_probs, count, v);
         return r > 0.0 ? r : 0.0;
       });
-      if (token < 0) token = inverse_cdf_draw(vocab, uniform, [&](int64_t v) { return dist.prob(row[v], v); });
+      if (token < 0) {
+        token = inverse_cdf_draw(vocab, uniform, [&](int64_t v) { return dist.prob(static_cast<float>(row[v]), v); });
+      }
       out[accepted] = token;
     }
   });

@@ -45,27 +45,25 @@ void mixture_verify_impl(const at::Tensor& target_logits, const at::Tensor& draf
   std::vector<double> log_q_draft(rows * num_branches * num_draft);
   std::vector<double> p_draft(rows * num_draft);
   at::parallel_for(0, rows * positions, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer, scratch;
+    std::vector<float> scratch;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t n = task / positions, i = task % positions;
-      const float* row = row_as_float(target_row(n, i), vocab, buffer);
+      const scalar_t* row = target_row(n, i);
       dists[task] = build_filtered_dist(row, vocab, spec, scratch);
       if (i == num_draft) continue;
       const int64_t x = draft[n * num_draft + i];
-      p_draft[n * num_draft + i] = dists[task].prob(row[x], x);
+      p_draft[n * num_draft + i] = dists[task].prob(static_cast<float>(row[x]), x);
       for (int64_t z = 0; z < num_branches; ++z) {
-        const float* drow = row_as_float(draft_row(n, z, i), vocab, buffer);
+        const draft_t* drow = draft_row(n, z, i);
         const int64_t s = stat_index(n, z, i);
         softmax[s] = build_draft_softmax(drow, vocab, draft_temperature);
-        log_q_draft[s] = softmax[s].log_prob(drow[x]);
+        log_q_draft[s] = softmax[s].log_prob(static_cast<float>(drow[x]));
       }
     }
   });
 
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer;
-    std::vector<std::vector<float>> branch_buffers(num_branches);
-    std::vector<const float*> branch_rows(num_branches);
+    std::vector<const draft_t*> branch_rows(num_branches);
     double weights[kMaxBranches];
     std::vector<double> accept(num_draft);
     for (int64_t n = begin; n < end; ++n) {
@@ -84,26 +82,30 @@ void mixture_verify_impl(const at::Tensor& target_logits, const at::Tensor& draf
       accepted_out[n] = accepted;
 
       const FilteredDist& dist = dists[n * positions + accepted];
-      const float* row = row_as_float(target_row(n, accepted), vocab, buffer);
+      const scalar_t* row = target_row(n, accepted);
       const bool rejected = accepted < num_draft;
       if (rejected) {
         mixture_posterior(prior + n * num_branches, log_q, num_branches, num_draft, accepted, weights);
         for (int z = 0; z < num_branches; ++z) {
-          branch_rows[z] = row_as_float(draft_row(n, z, accepted), vocab, branch_buffers[z]);
+          branch_rows[z] = draft_row(n, z, accepted);
         }
       }
       auto residual = [&](int64_t v) {
-        double r = dist.prob(row[v], v);
-        if (rejected) {
+        double r = dist.prob(static_cast<float>(row[v]), v);
+        if (rejected && r > 0.0) {  // where p(v) = 0 the residual is 0 whatever q is
           for (int z = 0; z < num_branches; ++z) {
-            if (weights[z] > 0.0) r -= weights[z] * softmax[stat_index(n, z, accepted)].prob(branch_rows[z][v]);
+            if (weights[z] > 0.0) {
+              r -= weights[z] * softmax[stat_index(n, z, accepted)].prob(static_cast<float>(branch_rows[z][v]));
+            }
           }
         }
         return r > 0.0 ? r : 0.0;
       };
       const double uniform = static_cast<double>(u[n * positions + num_draft]);
       int64_t token = inverse_cdf_draw(vocab, uniform, residual);
-      if (token < 0) token = inverse_cdf_draw(vocab, uniform, [&](int64_t v) { return dist.prob(row[v], v); });
+      if (token < 0) {
+        token = inverse_cdf_draw(vocab, uniform, [&](int64_t v) { return dist.prob(static_cast<float>(row[v]), v); });
+      }
       out[accepted] = token;
     }
   });

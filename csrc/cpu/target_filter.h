@@ -17,7 +17,8 @@ namespace dblast::cpu {
 
 // First index of the maximum (lowest id on ties). Eight independent running maxima keep
 // the loop free of a serial dependency (a single running max costs ~4 cycles per logit).
-inline int64_t first_argmax(const float* logits, int64_t vocab) {
+template <typename scalar_t>
+inline int64_t first_argmax(const scalar_t* logits, int64_t vocab) {
   constexpr int kLanes = 8;
   float best[kLanes];
   int64_t index[kLanes];
@@ -28,14 +29,16 @@ inline int64_t first_argmax(const float* logits, int64_t vocab) {
   int64_t v = 0;
   for (; v + kLanes <= vocab; v += kLanes) {
     for (int j = 0; j < kLanes; ++j) {
-      const bool greater = logits[v + j] > best[j];
-      best[j] = greater ? logits[v + j] : best[j];
+      const float x = static_cast<float>(logits[v + j]);
+      const bool greater = x > best[j];
+      best[j] = greater ? x : best[j];
       index[j] = greater ? v + j : index[j];
     }
   }
   for (; v < vocab; ++v) {
-    if (logits[v] > best[0]) {
-      best[0] = logits[v];
+    const float x = static_cast<float>(logits[v]);
+    if (x > best[0]) {
+      best[0] = x;
       index[0] = v;
     }
   }
@@ -50,9 +53,15 @@ inline int64_t first_argmax(const float* logits, int64_t vocab) {
   return winner < vocab ? winner : 0;  // all -inf cannot happen (logits are finite)
 }
 
-// k-th largest value counting multiplicity. Small k keeps a sorted buffer in one pass,
-// skipping 8-logit chunks that cannot enter it; large k uses nth_element on a copy.
-inline float kth_largest(const float* logits, int64_t vocab, int64_t k, std::vector<float>& scratch) {
+struct TopK {
+  float kth;  // k-th largest value counting multiplicity
+  float max;
+};
+
+// Small k keeps a sorted buffer in one pass, skipping 16-logit chunks that cannot enter
+// it; large k uses nth_element on a copy.
+template <typename scalar_t>
+inline TopK kth_largest(const scalar_t* logits, int64_t vocab, int64_t k, std::vector<float>& scratch) {
   if (k <= 32) {
     float best[32];
     int64_t filled = 0;
@@ -66,19 +75,21 @@ inline float kth_largest(const float* logits, int64_t vocab, int64_t k, std::vec
       best[pos] = x;
     };
     int64_t v = 0;
-    for (; v < vocab && filled < k; ++v) insert(logits[v]);
-    for (; v + 8 <= vocab; v += 8) {
+    for (; v < vocab && filled < k; ++v) insert(static_cast<float>(logits[v]));
+    for (; v + 16 <= vocab; v += 16) {
+      const float floor = best[k - 1];
       bool any = false;
-      for (int j = 0; j < 8; ++j) any |= logits[v + j] > best[k - 1];
+      for (int j = 0; j < 16; ++j) any |= static_cast<float>(logits[v + j]) > floor;
       if (!any) continue;
-      for (int j = 0; j < 8; ++j) insert(logits[v + j]);
+      for (int j = 0; j < 16; ++j) insert(static_cast<float>(logits[v + j]));
     }
-    for (; v < vocab; ++v) insert(logits[v]);
-    return best[k - 1];
+    for (; v < vocab; ++v) insert(static_cast<float>(logits[v]));
+    return {best[k - 1], best[0]};
   }
-  scratch.assign(logits, logits + vocab);
+  scratch.resize(vocab);
+  for (int64_t v = 0; v < vocab; ++v) scratch[v] = static_cast<float>(logits[v]);
   std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
-  return scratch[k - 1];
+  return {scratch[k - 1], *std::max_element(scratch.begin(), scratch.begin() + k)};
 }
 
 struct TopPResult {
@@ -121,27 +132,56 @@ inline TopPResult top_p_threshold(std::vector<float>& values, double target, flo
   }
 }
 
-// Builds the filtered distribution of one row of float logits.
-inline FilteredDist build_filtered_dist(const float* logits, int64_t vocab, const FilterSpec& spec,
+// Sum of softmax weights of the logits >= threshold, skipping 16-logit chunks that hold
+// none (with a top-k threshold almost all of them).
+template <typename scalar_t>
+inline double kept_mass(const scalar_t* logits, int64_t vocab, float threshold, float max_logit,
+                        double temperature) {
+  double mass = 0.0;
+  int64_t v = 0;
+  for (; v + 16 <= vocab; v += 16) {
+    bool any = false;
+    for (int j = 0; j < 16; ++j) any |= static_cast<float>(logits[v + j]) >= threshold;
+    if (!any) continue;
+    for (int j = 0; j < 16; ++j) {
+      const float x = static_cast<float>(logits[v + j]);
+      if (x >= threshold) mass += softmax_weight(x, max_logit, temperature);
+    }
+  }
+  for (; v < vocab; ++v) {
+    const float x = static_cast<float>(logits[v]);
+    if (x >= threshold) mass += softmax_weight(x, max_logit, temperature);
+  }
+  return mass;
+}
+
+// Builds the filtered distribution of one row of logits.
+template <typename scalar_t>
+inline FilteredDist build_filtered_dist(const scalar_t* logits, int64_t vocab, const FilterSpec& spec,
                                         std::vector<float>& scratch) {
   FilteredDist dist;
   dist.temperature = spec.temperature;
-  const int64_t best = first_argmax(logits, vocab);
-  dist.greedy_token = best;
-  dist.max_logit = logits[best];
   dist.threshold = -std::numeric_limits<float>::infinity();
   dist.norm = 1.0;
-  if (spec.greedy()) return dist;
-
-  if (spec.uses_top_k(vocab)) dist.threshold = kth_largest(logits, vocab, spec.top_k, scratch);
-  double mass = 0.0;
-  for (int64_t v = 0; v < vocab; ++v) {
-    if (logits[v] >= dist.threshold) mass += softmax_weight(logits[v], dist.max_logit, spec.temperature);
+  dist.greedy_token = -1;  // only meaningful when greedy
+  if (spec.greedy()) {
+    dist.greedy_token = first_argmax(logits, vocab);
+    dist.max_logit = static_cast<float>(logits[dist.greedy_token]);
+    return dist;
   }
+  if (spec.uses_top_k(vocab)) {
+    const TopK top = kth_largest(logits, vocab, spec.top_k, scratch);
+    dist.threshold = top.kth;
+    dist.max_logit = top.max;
+  } else {
+    dist.max_logit = static_cast<float>(logits[first_argmax(logits, vocab)]);
+  }
+  double mass = kept_mass(logits, vocab, dist.threshold, dist.max_logit, spec.temperature);
   if (spec.uses_top_p()) {
     scratch.clear();
     for (int64_t v = 0; v < vocab; ++v) {
-      if (logits[v] >= dist.threshold) scratch.push_back(logits[v]);
+      const float x = static_cast<float>(logits[v]);
+      if (x >= dist.threshold) scratch.push_back(x);
     }
     const TopPResult top_p = top_p_threshold(scratch, spec.top_p * mass, dist.max_logit, spec.temperature);
     dist.threshold = top_p.threshold;
@@ -152,23 +192,12 @@ inline FilteredDist build_filtered_dist(const float* logits, int64_t vocab, cons
 }
 
 // Tempered softmax statistics of one row of draft logits (soft-mixture verification).
-inline DraftSoftmax build_draft_softmax(const float* logits, int64_t vocab, double temperature) {
-  const float max_logit = logits[first_argmax(logits, vocab)];
-  double sum = 0.0;
-  for (int64_t v = 0; v < vocab; ++v) sum += softmax_weight(logits[v], max_logit, temperature);
-  return {max_logit, std::log(sum), temperature};
-}
-
-// Converts one row of logits of any supported dtype to float (a no-op copy for float).
 template <typename scalar_t>
-inline const float* row_as_float(const scalar_t* row, int64_t vocab, std::vector<float>& buffer) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    return row;
-  } else {
-    buffer.resize(vocab);
-    for (int64_t v = 0; v < vocab; ++v) buffer[v] = static_cast<float>(row[v]);
-    return buffer.data();
-  }
+inline DraftSoftmax build_draft_softmax(const scalar_t* logits, int64_t vocab, double temperature) {
+  const float max_logit = static_cast<float>(logits[first_argmax(logits, vocab)]);
+  double sum = 0.0;
+  for (int64_t v = 0; v < vocab; ++v) sum += softmax_weight(static_cast<float>(logits[v]), max_logit, temperature);
+  return {max_logit, std::log(sum), temperature};
 }
 
 // Inverse-CDF draw over token ids in increasing order from nonnegative weights r(v):

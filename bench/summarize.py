@@ -1,0 +1,37 @@
+"""Turns a pytest-benchmark JSON file into the op-vs-reference table of bench/RESULTS.md.
+
+    python bench/summarize.py results.json [--machine "..."] > table.md
+Each row is one benchmark group: the op's and the reference's mean time and their ratio.
+"""
+import argparse
+import collections
+import datetime
+import json
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("json_file")
+    parser.add_argument("--machine", default=None, help="machine description for the header")
+    args = parser.parse_args()
+    with open(args.json_file) as f:
+        data = json.load(f)
+    groups = collections.defaultdict(dict)
+    for bench in data["benchmarks"]:
+        impl = bench["params"].get("impl", "op")
+        groups[bench["group"]][impl] = bench["stats"]
+    machine = args.machine or data.get("machine_info", {}).get("cpu", {}).get("brand_raw", "unknown machine")
+    date = data.get("datetime", datetime.datetime.now().isoformat())[:10]
+    print(f"Machine: {machine}; torch {data.get('machine_info', {}).get('torch', '')}; date {date}\n")
+    print("| group | op mean (ms) | reference mean (ms) | speed-up (reference / op) | op rounds |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for group, impls in sorted(groups.items()):
+        op, ref = impls.get("op"), impls.get("reference")
+        op_ms = f"{op['mean'] * 1e3:.3f}" if op else "-"
+        ref_ms = f"{ref['mean'] * 1e3:.3f}" if ref else "-"
+        ratio = f"{ref['mean'] / op['mean']:.1f}x" if op and ref else "-"
+        print(f"| {group} | {op_ms} | {ref_ms} | {ratio} | {op['rounds'] if op else '-'} |")
+
+
+if __name__ == "__main__":
+    main()
