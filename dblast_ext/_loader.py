@@ -1,6 +1,7 @@
 """Loads the compiled op library and checks it was built against the running torch."""
-import json
 import functools
+import json
+import os
 
 import torch
 
@@ -11,8 +12,13 @@ def load_extension() -> None:
     try:
         from . import _C  # noqa: F401  (registers torch.ops.dblast.*)
     except (ImportError, OSError) as exc:
+        package_dir = os.path.dirname(os.path.abspath(__file__))
+        hint = ""
+        if os.path.exists(os.path.join(package_dir, os.pardir, "setup.py")):
+            hint = (" (this is the source tree: import the installed package from another directory, "
+                    "or build in place with `pip install --no-build-isolation -e .`)")
         raise ImportError(
-            f"dblast_ext's compiled library could not be loaded ({exc}). It is missing or was built "
+            f"dblast_ext's compiled library could not be loaded ({exc}){hint}. It is missing or was built "
             f"against another torch than the installed {torch.__version__}; rebuild it from the "
             f"source tree with: {REBUILD_COMMAND}"
         ) from exc
