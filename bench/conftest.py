@@ -35,3 +35,8 @@ def timed(benchmark, device):
             return benchmark(synced)
         return benchmark(lambda: fn(**kwargs))
     return run
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    machine_info["torch"] = torch.__version__
+    machine_info["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None

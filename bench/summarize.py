@@ -13,24 +13,37 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("json_file")
     parser.add_argument("--machine", default=None, help="machine description for the header")
+    parser.add_argument("--bandwidth", type=float, default=None,
+                        help="measured device copy bandwidth in bytes/s: adds the fraction of the HBM roofline")
     args = parser.parse_args()
     with open(args.json_file) as f:
         data = json.load(f)
     groups = collections.defaultdict(dict)
+    bytes_read = {}
     for bench in data["benchmarks"]:
         impl = bench["params"].get("impl", "op")
         groups[bench["group"]][impl] = bench["stats"]
+        if "bytes" in bench.get("extra_info", {}):
+            bytes_read[bench["group"]] = bench["extra_info"]["bytes"]
     machine = args.machine or data.get("machine_info", {}).get("cpu", {}).get("brand_raw", "unknown machine")
     date = data.get("datetime", datetime.datetime.now().isoformat())[:10]
-    print(f"Machine: {machine}; torch {data.get('machine_info', {}).get('torch', '')}; date {date}\n")
-    print("| group | op mean (ms) | reference mean (ms) | speed-up (reference / op) | op rounds |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    torch_version = data.get("machine_info", {}).get("torch", "unknown")
+    print(f"Machine: {machine}; torch {torch_version}; date {date}\n")
+    roofline = args.bandwidth is not None
+    header = "| group | op mean (ms) | reference mean (ms) | speed-up (reference / op) | op rounds |"
+    print(header + (" HBM roofline |" if roofline else ""))
+    print("| --- | ---: | ---: | ---: | ---: |" + (" ---: |" if roofline else ""))
     for group, impls in sorted(groups.items()):
         op, ref = impls.get("op"), impls.get("reference")
         op_ms = f"{op['mean'] * 1e3:.3f}" if op else "-"
         ref_ms = f"{ref['mean'] * 1e3:.3f}" if ref else "-"
         ratio = f"{ref['mean'] / op['mean']:.1f}x" if op and ref else "-"
-        print(f"| {group} | {op_ms} | {ref_ms} | {ratio} | {op['rounds'] if op else '-'} |")
+        row = f"| {group} | {op_ms} | {ref_ms} | {ratio} | {op['rounds'] if op else '-'} |"
+        if roofline:
+            # bytes that must be read once / bandwidth, over the measured time
+            fraction = bytes_read[group] / args.bandwidth / op["mean"] if op and group in bytes_read else None
+            row += f" {fraction:.1%} |" if fraction is not None else " - |"
+        print(row)
 
 
 if __name__ == "__main__":

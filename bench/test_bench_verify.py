@@ -12,6 +12,11 @@ SETTINGS = FilterSettings(1.0, 20, 0.95)
 IMPLS = {"op": ops, "reference": reference}
 
 
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes an op must read at least once (the HBM roofline numerator)."""
+    return t.numel() * t.element_size()
+
+
 @functools.lru_cache(maxsize=4)
 def branch_case(rows, device):
     case = make_branch_case(rows, 4, 15, 151936, SETTINGS, torch.Generator().manual_seed(rows), torch.bfloat16)
@@ -28,11 +33,15 @@ def mixture_case(rows, device):
 @pytest.mark.parametrize("rows", [1, 32])
 def test_branch_verify(timed, benchmark, device, rows, impl):
     benchmark.group = f"branch_verify {device} N={rows} b=15 K=4 V=151936 bf16"
-    timed(IMPLS[impl].branch_verify, **branch_case(rows, device), **SETTINGS.kwargs())
+    case = branch_case(rows, device)
+    benchmark.extra_info["bytes"] = tensor_bytes(case["target_logits"])
+    timed(IMPLS[impl].branch_verify, **case, **SETTINGS.kwargs())
 
 
 @pytest.mark.parametrize("impl", ["op", "reference"])
 @pytest.mark.parametrize("rows", [1, 8])
 def test_mixture_verify(timed, benchmark, device, rows, impl):
     benchmark.group = f"mixture_verify {device} N={rows} b=15 K=4 V=151936 bf16"
-    timed(IMPLS[impl].mixture_verify, **mixture_case(rows, device), **SETTINGS.kwargs())
+    case = mixture_case(rows, device)
+    benchmark.extra_info["bytes"] = tensor_bytes(case["target_logits"]) + tensor_bytes(case["draft_logits"])
+    timed(IMPLS[impl].mixture_verify, **case, **SETTINGS.kwargs())

@@ -1,0 +1,16 @@
+"""The README's Python examples run as written."""
+import os
+import re
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+def test_readme_python_examples_run():
+    with open(README) as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+    assert blocks, "the README has no Python examples"
+    namespace = {}
+    for block in blocks:  # later blocks build on earlier ones, as a reader would run them
+        exec(compile(block, README, "exec"), namespace)
+    result = namespace["result"]
+    assert result.output_tokens.shape == (2, 8)
