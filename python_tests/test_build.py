@@ -72,3 +72,11 @@ def test_cmake_library_loads_and_matches_the_package(tmp_path):
     expected = dblast_ext.ops.branch_verify(*inputs, temperature=0.8, top_p=0.95)
     for a, b in zip(loaded, expected):
         assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="needs a CPU-only torch")
+def test_force_cuda_with_cpu_torch_fails_clearly():
+    env = dict(os.environ, FORCE_CUDA="1")
+    proc = subprocess.run([sys.executable, "setup.py", "--version"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "CPU-only build" in proc.stdout + proc.stderr
