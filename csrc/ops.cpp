@@ -35,6 +35,11 @@ TORCH_LIBRARY(dblast, m) {
       "mixture_verify(Tensor target_logits, Tensor draft_logits, Tensor branch_prior, Tensor draft_tokens, "
       "Tensor uniforms, float temperature, int top_k, float top_p, float draft_temperature, bool validate) "
       "-> (Tensor, Tensor, Tensor)");
+  // Fused K-branch expansion + LM-head argmax (DBLast Eq 13, Decoding step 2): per row and
+  // branch, the argmax token, its logit and the logsumexp, never materialising all logits.
+  m.def(
+      "branch_argmax(Tensor hidden, Tensor lm_head_weight, Tensor? expander_weight, Tensor? expander_bias, "
+      "int vocab_size, int tile_bytes) -> (Tensor, Tensor, Tensor)");
 }
 
 }  // namespace dblast

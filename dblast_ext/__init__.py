@@ -9,7 +9,7 @@ from ._loader import build_info, load_extension
 load_extension()
 
 from . import ops, reference  # noqa: E402  (ops need the library loaded first)
-from .results import VerifyResult  # noqa: E402
+from .results import BranchArgmax, VerifyResult  # noqa: E402
 
-__all__ = ["build_info", "ops", "reference", "VerifyResult"]
+__all__ = ["build_info", "ops", "reference", "BranchArgmax", "VerifyResult"]
 __version__ = "0.1.0"

@@ -9,9 +9,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from .results import VerifyResult, draw_uniforms
+from .results import BranchArgmax, VerifyResult, draw_uniforms
 
-__all__ = ["branch_verify", "mixture_verify", "sample_mixture_draft", "VerifyResult"]
+__all__ = ["branch_verify", "mixture_verify", "sample_mixture_draft", "branch_argmax", "VerifyResult", "BranchArgmax"]
 
 
 def branch_verify(target_logits: torch.Tensor, branch_tokens: torch.Tensor, branch_prior: torch.Tensor,
@@ -76,6 +76,29 @@ def sample_mixture_draft(draft_logits: torch.Tensor, branch_prior: torch.Tensor,
     return _sample(draft_logits, branch_prior, draft_temperature=draft_temperature, generator=generator)
 
 
+def branch_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor, expander_weight: Optional[torch.Tensor] = None,
+                  expander_bias: Optional[torch.Tensor] = None, *, vocab_size: Optional[int] = None,
+                  tile_bytes: int = 0) -> BranchArgmax:
+    """Fused K-branch expansion + LM-head argmax (DBLast Eq 13).
+
+    Args:
+        hidden: [N, H] float32/bfloat16/float16, the drafter's normed hidden states.
+        lm_head_weight: [V_padded, H], the target's LM head (same dtype as hidden).
+        expander_weight: [K*H, H] and expander_bias: [K*H] in nn.Linear(H, K*H) layout; branch
+            z's state is h + W_z h + b_z with W_z = expander_weight[z*H:(z+1)*H]. None: K = 1, h_1 = h.
+        vocab_size: rows of the LM head that are real tokens (default: all); padding rows
+            never win and never enter the logsumexp.
+        tile_bytes: CPU only: byte budget of one vocabulary tile (logits plus any float32
+            weight copy); 0 picks 1/16 of the full logits tensor.
+
+    Returns BranchArgmax(tokens int64, max_logits float32, logsumexp float32), each [N, K].
+    Accumulation is in float32 whatever the input dtype.
+    """
+    vocab = lm_head_weight.shape[0] if vocab_size is None else int(vocab_size)
+    return BranchArgmax(*torch.ops.dblast.branch_argmax(hidden, lm_head_weight, expander_weight, expander_bias,
+                                                        vocab, int(tile_bytes)))
+
+
 def _verify_fake(target_logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, positions = target_logits.shape[0], target_logits.shape[1]
     return (target_logits.new_empty((rows,), dtype=torch.int32),
@@ -93,3 +116,12 @@ def _branch_verify_fake(target_logits, branch_tokens, branch_prior, branch, unif
 def _mixture_verify_fake(target_logits, draft_logits, branch_prior, draft_tokens, uniforms, temperature, top_k,
                          top_p, draft_temperature, validate):
     return _verify_fake(target_logits)
+
+
+@torch.library.register_fake("dblast::branch_argmax")
+def _branch_argmax_fake(hidden, lm_head_weight, expander_weight, expander_bias, vocab_size, tile_bytes):
+    rows, width = hidden.shape
+    branches = 1 if expander_weight is None else expander_weight.shape[0] // width
+    return (hidden.new_empty((rows, branches), dtype=torch.int64),
+            hidden.new_empty((rows, branches), dtype=torch.float32),
+            hidden.new_empty((rows, branches), dtype=torch.float32))

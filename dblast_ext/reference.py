@@ -8,11 +8,11 @@ from typing import Optional, Tuple
 
 import torch
 
-from .results import VerifyResult, draw_uniforms
+from .results import BranchArgmax, VerifyResult, draw_uniforms
 
 __all__ = ["filter_target_probs", "branch_verify", "mixture_verify", "sample_mixture_draft",
            "greedy_branch_proposal", "mixture_proposal", "acceptance_probs", "final_token_weights",
-           "inverse_cdf_sample"]
+           "inverse_cdf_sample", "branch_states", "branch_argmax"]
 
 
 def filter_target_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
@@ -171,3 +171,27 @@ def sample_mixture_draft(draft_logits: torch.Tensor, branch_prior: torch.Tensor,
     probs = (chosen.double() / draft_temperature).softmax(dim=-1).reshape(rows * num_draft, vocab)
     tokens = torch.multinomial(probs, 1, generator=generator).reshape(rows, num_draft)
     return tokens, branch
+
+
+def branch_states(hidden: torch.Tensor, expander_weight: Optional[torch.Tensor] = None,
+                  expander_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """DBLast Eq 13 with a linear expander: h_z = h + W_z h + b_z, [N, K, H], computed in
+    float32 or better (float64 inputs stay float64)."""
+    dtype = torch.promote_types(hidden.dtype, torch.float32)
+    h = hidden.to(dtype)
+    if expander_weight is None:
+        return h[:, None, :]
+    rows, width = h.shape
+    offsets = h @ expander_weight.to(dtype).T + expander_bias.to(dtype)
+    return h[:, None, :] + offsets.view(rows, -1, width)
+
+
+def branch_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor, expander_weight: Optional[torch.Tensor] = None,
+                  expander_bias: Optional[torch.Tensor] = None, *, vocab_size: Optional[int] = None,
+                  tile_bytes: int = 0) -> BranchArgmax:
+    """Greedy token, its logit and the logsumexp of every branch (see dblast_ext.ops.branch_argmax).
+    Materialises all [N, K, V] logits."""
+    states = branch_states(hidden, expander_weight, expander_bias)
+    vocab = lm_head_weight.shape[0] if vocab_size is None else vocab_size
+    logits = states @ lm_head_weight[:vocab].to(states.dtype).T  # [N, K, V]
+    return BranchArgmax(logits.argmax(dim=-1), logits.amax(dim=-1).float(), logits.logsumexp(dim=-1).float())

@@ -20,6 +20,19 @@ class VerifyResult(NamedTuple):
     accept_probs: torch.Tensor
 
 
+class BranchArgmax(NamedTuple):
+    """Greedy token of every (row, branch) through the LM head, all [N, K].
+
+    tokens: int64, argmax_v (E h_z)_v, lowest token id on ties.
+    max_logits: float32, that logit.
+    logsumexp: float32, log sum_v exp((E h_z)_v), so q_i(token | z) = exp(max_logits - logsumexp).
+    """
+
+    tokens: torch.Tensor
+    max_logits: torch.Tensor
+    logsumexp: torch.Tensor
+
+
 def draw_uniforms(target_logits: torch.Tensor, uniforms: Optional[torch.Tensor],
                   generator: Optional[torch.Generator]) -> torch.Tensor:
     """The caller's uniforms, or fresh ones [N, b+1] on the logits' device."""

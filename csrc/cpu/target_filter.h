@@ -12,46 +12,9 @@
 
 #include "dblast/filtering.h"
 #include "dblast/mixture.h"
+#include "row_reductions.h"
 
 namespace dblast::cpu {
-
-// First index of the maximum (lowest id on ties). Eight independent running maxima keep
-// the loop free of a serial dependency (a single running max costs ~4 cycles per logit).
-template <typename scalar_t>
-inline int64_t first_argmax(const scalar_t* logits, int64_t vocab) {
-  constexpr int kLanes = 8;
-  float best[kLanes];
-  int64_t index[kLanes];
-  for (int j = 0; j < kLanes; ++j) {
-    best[j] = -std::numeric_limits<float>::infinity();
-    index[j] = vocab;
-  }
-  int64_t v = 0;
-  for (; v + kLanes <= vocab; v += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const float x = static_cast<float>(logits[v + j]);
-      const bool greater = x > best[j];
-      best[j] = greater ? x : best[j];
-      index[j] = greater ? v + j : index[j];
-    }
-  }
-  for (; v < vocab; ++v) {
-    const float x = static_cast<float>(logits[v]);
-    if (x > best[0]) {
-      best[0] = x;
-      index[0] = v;
-    }
-  }
-  int64_t winner = index[0];
-  float top = best[0];
-  for (int j = 1; j < kLanes; ++j) {
-    if (best[j] > top || (best[j] == top && index[j] < winner)) {
-      top = best[j];
-      winner = index[j];
-    }
-  }
-  return winner < vocab ? winner : 0;  // all -inf cannot happen (logits are finite)
-}
 
 struct TopK {
   float kth;  // k-th largest value counting multiplicity
