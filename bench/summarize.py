@@ -20,19 +20,26 @@ def main():
         data = json.load(f)
     groups = collections.defaultdict(dict)
     bytes_read = {}
+    peak = collections.defaultdict(dict)  # group -> impl -> peak extra host bytes
     for bench in data["benchmarks"]:
         impl = bench["params"].get("impl", "op")
+        info = bench.get("extra_info", {})
         groups[bench["group"]][impl] = bench["stats"]
-        if "bytes" in bench.get("extra_info", {}):
-            bytes_read[bench["group"]] = bench["extra_info"]["bytes"]
+        if "bytes" in info:
+            bytes_read[bench["group"]] = info["bytes"]
+        if "peak_extra_bytes" in info:
+            peak[bench["group"]][impl] = info["peak_extra_bytes"]
     machine = args.machine or data.get("machine_info", {}).get("cpu", {}).get("brand_raw", "unknown machine")
     date = data.get("datetime", datetime.datetime.now().isoformat())[:10]
     torch_version = data.get("machine_info", {}).get("torch", "unknown")
     print(f"Machine: {machine}; torch {torch_version}; date {date}\n")
     roofline = args.bandwidth is not None
+    memory = bool(peak)
     header = "| group | op mean (ms) | reference mean (ms) | speed-up (reference / op) | op rounds |"
-    print(header + (" HBM roofline |" if roofline else ""))
-    print("| --- | ---: | ---: | ---: | ---: |" + (" ---: |" if roofline else ""))
+    header += " HBM roofline |" if roofline else ""
+    header += " op peak extra (MB) | reference peak extra (MB) | memory ratio (op / reference) |" if memory else ""
+    print(header)
+    print("| --- | ---: | ---: | ---: | ---: |" + (" ---: |" if roofline else "") + (" ---: | ---: | ---: |" if memory else ""))
     for group, impls in sorted(groups.items()):
         op, ref = impls.get("op"), impls.get("reference")
         op_ms = f"{op['mean'] * 1e3:.3f}" if op else "-"
@@ -43,6 +50,11 @@ def main():
             # bytes that must be read once / bandwidth, over the measured time
             fraction = bytes_read[group] / args.bandwidth / op["mean"] if op and group in bytes_read else None
             row += f" {fraction:.1%} |" if fraction is not None else " - |"
+        if memory:
+            op_peak, ref_peak = peak[group].get("op"), peak[group].get("reference")
+            row += f" {op_peak / 1e6:.1f} |" if op_peak is not None else " - |"
+            row += f" {ref_peak / 1e6:.1f} |" if ref_peak is not None else " - |"
+            row += f" {op_peak / ref_peak:.3f} |" if op_peak is not None and ref_peak else " - |"
         print(row)
 
 

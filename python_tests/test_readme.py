@@ -14,3 +14,4 @@ def test_readme_python_examples_run():
         exec(compile(block, README, "exec"), namespace)
     result = namespace["result"]
     assert result.output_tokens.shape == (2, 8)
+    assert namespace["out"].tokens.shape == (15, 4)
