@@ -40,6 +40,11 @@ TORCH_LIBRARY(dblast, m) {
   m.def(
       "branch_argmax(Tensor hidden, Tensor lm_head_weight, Tensor? expander_weight, Tensor? expander_bias, "
       "int vocab_size, int tile_bytes) -> (Tensor, Tensor, Tensor)");
+  // Drafter block attention: the block's queries attend, without a mask, to the row's cached
+  // context keys (optionally only the last `window`) and to the block's own keys.
+  m.def(
+      "drafter_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_block, Tensor v_block, "
+      "Tensor context_lens, float scale, int window) -> Tensor");
 }
 
 }  // namespace dblast

@@ -11,7 +11,8 @@ import torch
 
 from .results import BranchArgmax, VerifyResult, draw_uniforms
 
-__all__ = ["branch_verify", "mixture_verify", "sample_mixture_draft", "branch_argmax", "VerifyResult", "BranchArgmax"]
+__all__ = ["branch_verify", "mixture_verify", "sample_mixture_draft", "branch_argmax", "drafter_attention",
+           "VerifyResult", "BranchArgmax"]
 
 
 def branch_verify(target_logits: torch.Tensor, branch_tokens: torch.Tensor, branch_prior: torch.Tensor,
@@ -99,6 +100,27 @@ def branch_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor, expander_w
                                                         vocab, int(tile_bytes)))
 
 
+def drafter_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_block: torch.Tensor,
+                      v_block: torch.Tensor, context_lens: torch.Tensor, *, scale: Optional[float] = None,
+                      window: int = -1) -> torch.Tensor:
+    """Block-diffusion drafter attention: the block's queries attend, with no mask, to the
+    row's cached context keys and to all of the block's own keys.
+
+    Args:
+        q: [N, Hq, B, D] block queries (already rotated), float32/bfloat16/float16.
+        k_cache, v_cache: [N, Hkv, L_max, D] cached context keys/values (rotated), valid up to
+            context_lens[n]. Hq must be a multiple of Hkv (grouped-query attention).
+        k_block, v_block: [N, Hkv, B, D] the block's own keys/values.
+        context_lens: [N] int32, cached tokens per row (0 allowed).
+        scale: softmax scale, default D ** -0.5.
+        window: > 0 keeps only the last `window` cached keys (sliding-window layers); -1 all.
+
+    Returns [N, Hq, B, D] in q's dtype; softmax and accumulation in float32.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return torch.ops.dblast.drafter_attention(q, k_cache, v_cache, k_block, v_block, context_lens, scale, int(window))
+
+
 def _verify_fake(target_logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, positions = target_logits.shape[0], target_logits.shape[1]
     return (target_logits.new_empty((rows,), dtype=torch.int32),
@@ -125,3 +147,8 @@ def _branch_argmax_fake(hidden, lm_head_weight, expander_weight, expander_bias, 
     return (hidden.new_empty((rows, branches), dtype=torch.int64),
             hidden.new_empty((rows, branches), dtype=torch.float32),
             hidden.new_empty((rows, branches), dtype=torch.float32))
+
+
+@torch.library.register_fake("dblast::drafter_attention")
+def _drafter_attention_fake(q, k_cache, v_cache, k_block, v_block, context_lens, scale, window):
+    return torch.empty_like(q)

@@ -1,0 +1,123 @@
+"""dblast::drafter_attention against its float64 specification (dblast_ext.reference.drafter_attention)."""
+import itertools
+
+import pytest
+import torch
+
+from dblast_ext import ops, reference
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+TOLERANCE = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.bfloat16: dict(atol=1e-2, rtol=1e-2),
+             torch.float16: dict(atol=2e-3, rtol=2e-3)}
+
+
+def make_case(rows, kv_heads, group, block, dim, max_len, dtype, seed, lens=None):
+    g = torch.Generator().manual_seed(seed)
+    heads = kv_heads * group
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    if lens is None:  # ragged: an empty context, a full one, and random ones in between
+        lens = [0, max_len] + torch.randint(1, max_len + 1, (max(rows - 2, 0),), generator=g).tolist()
+    return dict(q=rand(rows, heads, block, dim), k_cache=rand(rows, kv_heads, max_len, dim),
+                v_cache=rand(rows, kv_heads, max_len, dim), k_block=rand(rows, kv_heads, block, dim),
+                v_block=rand(rows, kv_heads, block, dim),
+                context_lens=torch.tensor(lens[:rows], dtype=torch.int32))
+
+
+def to_device(case, device):
+    return {k: v.to(device) for k, v in case.items()}
+
+
+def check(case, device, **kwargs):
+    out = ops.drafter_attention(**to_device(case, device), **kwargs)
+    exact = {k: (v.double() if v.is_floating_point() else v) for k, v in case.items()}
+    expected = reference.drafter_attention(**exact, **kwargs)
+    dtype = case["q"].dtype
+    assert out.dtype == dtype and out.shape == case["q"].shape
+    torch.testing.assert_close(out.cpu().double(), expected, **TOLERANCE[dtype])
+
+
+CASES = list(itertools.product([1, 4, 8], [64, 128], [1, 16, 24]))
+
+
+@pytest.mark.parametrize("group,dim,block", CASES)
+def test_matches_reference(device, group, dim, block):
+    i = CASES.index((group, dim, block))
+    dtype, window = DTYPES[i % 3], [-1, 37, 300][i % 3]
+    case = make_case(4, 2, group, block, dim, 300, dtype, seed=i)
+    check(case, device, window=window)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [-1, 1, 100, 5000])
+def test_windows_and_dtypes(device, dtype, window):
+    case = make_case(3, 2, 4, 16, 64, 700, dtype, seed=window % 97)
+    check(case, device, window=window)
+
+
+def test_long_context_and_custom_scale(device):
+    case = make_case(2, 8, 4, 16, 128, 4096, torch.float32, seed=5, lens=[4096, 2500])
+    check(case, device, scale=0.05)
+
+
+def test_empty_context_attends_to_the_block_only(device):
+    case = make_case(2, 2, 2, 8, 64, 50, torch.float32, seed=6, lens=[0, 0])
+    out = ops.drafter_attention(**to_device(case, device))
+    k = case["k_block"].repeat_interleave(2, dim=1)
+    v = case["v_block"].repeat_interleave(2, dim=1)
+    expected = torch.softmax(case["q"] @ k.transpose(-1, -2) / 8.0, dim=-1) @ v
+    torch.testing.assert_close(out.cpu(), expected, atol=2e-5, rtol=1e-4)
+
+
+def test_stale_cache_entries_beyond_the_length_are_ignored(device):
+    case = make_case(2, 2, 4, 16, 64, 64, torch.float32, seed=7, lens=[20, 40])
+    a = ops.drafter_attention(**to_device(case, device))
+    case["k_cache"][0, :, 20:] = 1e4  # garbage past each row's length must not matter
+    case["v_cache"][1, :, 40:] = float("nan")
+    b = ops.drafter_attention(**to_device(case, device))
+    assert torch.equal(a, b)
+
+
+BAD_INPUTS = [
+    ("q", lambda c: dict(c, q=c["q"][0])),
+    ("q", lambda c: dict(c, q=c["q"].double())),
+    ("multiple", lambda c: dict(c, q=c["q"][:, :3])),
+    ("k_cache", lambda c: dict(c, k_cache=c["k_cache"][..., :32])),
+    ("v_cache", lambda c: dict(c, v_cache=c["v_cache"][:, :, :10])),
+    ("k_block", lambda c: dict(c, k_block=c["k_block"][:, :, :3])),
+    ("v_block", lambda c: dict(c, v_block=c["v_block"].half())),
+    ("context_lens", lambda c: dict(c, context_lens=c["context_lens"].long())),
+    ("context_lens", lambda c: dict(c, context_lens=c["context_lens"][:1])),
+    ("context_lens", lambda c: dict(c, context_lens=torch.tensor([5, 51], dtype=torch.int32))),
+    ("context_lens", lambda c: dict(c, context_lens=torch.tensor([-1, 5], dtype=torch.int32))),
+    ("window", lambda c: dict(c, window=0)),
+    ("window", lambda c: dict(c, window=-2)),
+    ("scale", lambda c: dict(c, scale=-1.0)),
+]
+
+
+@pytest.mark.parametrize("name,mutate", BAD_INPUTS, ids=[f"{i}-{n}" for i, (n, _) in enumerate(BAD_INPUTS)])
+def test_bad_input_names_the_argument(device, name, mutate):
+    case = to_device(make_case(2, 2, 2, 4, 64, 50, torch.float32, seed=0), device)
+    bad = mutate(case)
+    bad = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in bad.items()}
+    with pytest.raises(ValueError, match=name):
+        ops.drafter_attention(**bad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="mixing devices needs a GPU")
+@pytest.mark.parametrize("name", ["k_cache", "v_cache", "k_block", "v_block", "context_lens"])
+def test_mixed_devices_name_the_argument(name):
+    case = to_device(make_case(2, 2, 2, 4, 64, 50, torch.float32, seed=0), "cuda")
+    case[name] = case[name].cpu()
+    with pytest.raises(ValueError, match=name):
+        ops.drafter_attention(**case)
+
+
+def test_opcheck(device):
+    case = to_device(make_case(3, 2, 4, 8, 64, 40, torch.float32, seed=9), device)
+    args = (case["q"], case["k_cache"], case["v_cache"], case["k_block"], case["v_block"], case["context_lens"],
+            0.125, -1)
+    torch.library.opcheck(torch.ops.dblast.drafter_attention.default, args)
