@@ -18,7 +18,9 @@
 namespace dblast::cpu {
 namespace {
 
-constexpr int64_t kChunk = 256;  // keys per BLAS product
+// Keys per BLAS product: about 64K scores per chunk, so that small groups still make
+// products large enough to amortise each call.
+int64_t keys_per_chunk(int64_t query_rows) { return std::clamp<int64_t>(65536 / query_rows, 256, 2048); }
 
 struct Partial {
   std::vector<float> out;  // [M, D], unnormalised
@@ -53,12 +55,7 @@ void attend_chunk(const at::Tensor& queries, const float* keys, const float* val
     const float chunk_max = row[first_argmax(row, count)];
     const float new_max = std::max(p.max[r], chunk_max);
     const float rescale = p.max[r] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(p.max[r] - new_max);
-    float total = 0.0f;
-    for (int64_t c = 0; c < count; ++c) {
-      row[c] = exp_nonpositive(row[c] - new_max);
-      total += row[c];
-    }
-    p.sum[r] = p.sum[r] * rescale + total;
+    p.sum[r] = p.sum[r] * rescale + exp_shifted_inplace(row, count, new_max);
     p.max[r] = new_max;
     float* o = p.out.data() + r * dim;
     for (int64_t d = 0; d < dim; ++d) o[d] *= rescale;
@@ -74,11 +71,12 @@ void drafter_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, cons
   const int64_t rows = q.size(0), heads = q.size(1), block = q.size(2), dim = q.size(3);
   const int64_t kv_heads = k_cache.size(1), max_len = k_cache.size(2), group = heads / kv_heads;
   const int64_t m_rows = group * block;
+  const int64_t chunk = keys_per_chunk(m_rows);
   // Segments per (row, kv head): enough work items for every thread, none smaller than a chunk.
   const int64_t threads = at::get_num_threads();
   const int64_t longest = max_len + block;
   const int64_t segments = std::clamp<int64_t>((4 * threads + rows * kv_heads - 1) / (rows * kv_heads), 1,
-                                               (longest + kChunk - 1) / kChunk);
+                                               (longest + chunk - 1) / chunk);
   std::vector<Partial> partials(rows * kv_heads * segments);
   const scalar_t* qp = q.data_ptr<scalar_t>();
   const scalar_t* kc = k_cache.data_ptr<scalar_t>();
@@ -89,7 +87,7 @@ void drafter_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, cons
   at::parallel_for(0, rows * kv_heads * segments, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> key_buffer, value_buffer;
     auto options = at::TensorOptions().dtype(at::kFloat);
-    at::Tensor scores = at::empty({m_rows * kChunk}, options);
+    at::Tensor scores = at::empty({m_rows * chunk}, options);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t n = item / (kv_heads * segments), h = (item / segments) % kv_heads, seg = item % segments;
       const ContextRange context = context_range(lens[n], window);
@@ -109,7 +107,7 @@ void drafter_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, cons
       for (int64_t j = first; j < last;) {
         // keys j < cached come from the cache (offset by the window start), the rest from the block
         const bool in_cache = j < cached;
-        const int64_t stop = std::min({last, in_cache ? cached : total, j + kChunk});
+        const int64_t stop = std::min({last, in_cache ? cached : total, j + chunk});
         const int64_t count = stop - j;
         const scalar_t* keys = in_cache ? kc + ((n * kv_heads + h) * max_len + context.begin + j) * dim
                                         : kb + ((n * kv_heads + h) * block + (j - cached)) * dim;

@@ -80,4 +80,20 @@ inline double sum_exp_shifted(const float* row, int64_t count, float max) {
   return total;
 }
 
+// row[v] <- exp(row[v] - max) in place, returning the sum (max >= every row[v]); the two
+// loops are kept apart so the exp loop vectorises and the sum runs on independent lanes.
+inline float exp_shifted_inplace(float* row, int64_t count, float max) {
+  for (int64_t v = 0; v < count; ++v) row[v] = exp_nonpositive(row[v] - max);
+  constexpr int kLanes = 16;
+  float lanes[kLanes] = {};
+  int64_t v = 0;
+  for (; v + kLanes <= count; v += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lanes[j] += row[v + j];
+  }
+  float total = 0.0f;
+  for (; v < count; ++v) total += row[v];
+  for (int j = 0; j < kLanes; ++j) total += lanes[j];
+  return total;
+}
+
 }  // namespace dblast::cpu
