@@ -43,8 +43,7 @@ def extension():
     macros = [
         ("DBLAST_TORCH_VERSION", f'"{torch.__version__}"'),
         ("DBLAST_CUDA_ARCHS", f'"{archs}"'),
-        ("Py_LIMITED_API", "0x030a0000"),
-    ]
+    ]  # Py_LIMITED_API comes from torch's BuildExtension (py_limited_api=True)
     # -fopenmp: at::parallel_for is a header template; without it the loops run serially.
     # -fno-trapping-math: lets gcc vectorise loops with float->int conversions (the fast exp);
     # nothing here relies on floating-point exceptions.

@@ -150,13 +150,9 @@ at::Tensor drafter_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache,
                                  const at::Tensor& k_block, const at::Tensor& v_block, const at::Tensor& context_lens,
                                  double scale, int64_t window) {
   check_drafter_attention_args(q, k_cache, v_cache, k_block, v_block, context_lens, scale, window);
+  check_context_lens(context_lens, k_cache.size(2));
   const at::Tensor lens = context_lens.contiguous();
   const int32_t* lp = lens.data_ptr<int32_t>();
-  const int64_t max_len = k_cache.size(2);
-  for (int64_t n = 0; n < lens.size(0); ++n) {
-    TORCH_CHECK_VALUE(lp[n] >= 0 && lp[n] <= max_len, "context_lens must lie in [0, L_max = ", max_len, "], got ",
-                      lp[n], " at row ", n);
-  }
   const at::Tensor qc = q.contiguous(), kc = k_cache.contiguous(), vc = v_cache.contiguous();
   const at::Tensor kb = k_block.contiguous(), vb = v_block.contiguous();
   at::Tensor out = at::empty_like(qc);

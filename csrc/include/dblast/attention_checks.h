@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include "dblast/attention_window.h"
+
 namespace dblast {
 
 inline void check_drafter_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -46,13 +48,13 @@ inline void check_drafter_attention_args(const at::Tensor& q, const at::Tensor& 
   TORCH_CHECK_VALUE(window >= -1, "window must be -1 (off) or > 0, got ", window);
 }
 
-// The cached keys row n attends to: [begin, end) of its cache.
-struct ContextRange {
-  int64_t begin, end;
-};
-
-inline ContextRange context_range(int64_t length, int64_t window) {
-  return {window > 0 && length > window ? length - window : 0, length};
+// context_lens values in [0, L_max]; reads the lengths (one sync on CUDA).
+inline void check_context_lens(const at::Tensor& context_lens, int64_t max_len) {
+  const at::Tensor bad = context_lens.lt(0).logical_or(context_lens.gt(max_len));
+  if (!bad.any().item<bool>()) return;
+  const int64_t row = bad.nonzero()[0][0].item<int64_t>();
+  TORCH_CHECK_VALUE(false, "context_lens must lie in [0, L_max = ", max_len, "], got ",
+                    context_lens[row].item<int>(), " at row ", row);
 }
 
 }  // namespace dblast
