@@ -15,3 +15,4 @@ def test_readme_python_examples_run():
     result = namespace["result"]
     assert result.output_tokens.shape == (2, 8)
     assert namespace["out"].tokens.shape == (15, 4)
+    assert namespace["attn"].shape == (2, 8, 16, 64)
