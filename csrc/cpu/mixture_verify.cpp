@@ -56,7 +56,7 @@ void mixture_verify_impl(const at::Tensor& target_logits, const at::Tensor& draf
       for (int64_t z = 0; z < num_branches; ++z) {
         const draft_t* drow = draft_row(n, z, i);
         const int64_t s = stat_index(n, z, i);
-        softmax[s] = build_draft_softmax(drow, vocab, draft_temperature);
+        softmax[s] = build_draft_softmax(drow, vocab, draft_temperature, scratch);
         log_q_draft[s] = softmax[s].log_prob(static_cast<float>(drow[x]));
       }
     }

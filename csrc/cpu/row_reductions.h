@@ -2,6 +2,7 @@
 // vectorisable exp for sums of exp(x - max).
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <limits>
@@ -46,6 +47,25 @@ inline int64_t first_argmax(const scalar_t* logits, int64_t vocab) {
   return winner < vocab ? winner : 0;  // all -inf cannot happen (logits are finite)
 }
 
+// Largest value of a row (no index): independent lanes, so the loop vectorises.
+template <typename scalar_t>
+inline float row_max(const scalar_t* row, int64_t count) {
+  constexpr int kLanes = 16;
+  float lanes[kLanes];
+  for (int j = 0; j < kLanes; ++j) lanes[j] = -std::numeric_limits<float>::infinity();
+  int64_t v = 0;
+  for (; v + kLanes <= count; v += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const float x = static_cast<float>(row[v + j]);
+      lanes[j] = lanes[j] > x ? lanes[j] : x;
+    }
+  }
+  float best = -std::numeric_limits<float>::infinity();
+  for (; v < count; ++v) best = std::max(best, static_cast<float>(row[v]));
+  for (int j = 0; j < kLanes; ++j) best = std::max(best, lanes[j]);
+  return best;
+}
+
 // exp(x) for x <= 0, relative error below 2e-7, written as straight-line float/int
 // arithmetic so that loops over it vectorise (std::exp does not). Inputs below -87 are
 // clamped (exp(-87) ~ 1.6e-38, negligible next to the 1 contributed by the maximum).
@@ -65,18 +85,19 @@ inline float exp_nonpositive(float x) {
 }
 
 // sum_v exp(row[v] - max) for max >= every row[v], float lanes folded into a double.
-inline double sum_exp_shifted(const float* row, int64_t count, float max) {
+template <typename scalar_t>
+inline double sum_exp_shifted(const scalar_t* row, int64_t count, float max) {
   constexpr int kLanes = 16;
   double total = 0.0;
   int64_t v = 0;
   for (; v + 1024 <= count; v += 1024) {  // float lanes over short spans keep rounding small
     float lanes[kLanes] = {};
     for (int64_t u = 0; u < 1024; u += kLanes) {
-      for (int j = 0; j < kLanes; ++j) lanes[j] += exp_nonpositive(row[v + u + j] - max);
+      for (int j = 0; j < kLanes; ++j) lanes[j] += exp_nonpositive(static_cast<float>(row[v + u + j]) - max);
     }
     for (int j = 0; j < kLanes; ++j) total += lanes[j];
   }
-  for (; v < count; ++v) total += exp_nonpositive(row[v] - max);
+  for (; v < count; ++v) total += exp_nonpositive(static_cast<float>(row[v]) - max);
   return total;
 }
 
