@@ -76,16 +76,12 @@ void branch_verify_impl(const at::Tensor& target_logits, const at::Tensor& branc
                                                     num_draft, accepted, support_tokens, support_probs)
                             : 0;  // bonus position: sample p itself
       const double uniform = static_cast<double>(u[n * positions + num_draft]);
-      int64_t token = inverse_cdf_draw(vocab, uniform, [&](int64_t v) {
+      out[accepted] = draw_final_token(row, vocab, uniform, dist, [&](int64_t v) {
         const double p = dist.prob(static_cast<float>(row[v]), v);
         if (!(p > 0.0)) return 0.0;  // most tokens: no need to look up the sparse proposal
         const double r = p - sparse_prob(support_tokens, support_probs, count, v);
         return r > 0.0 ? r : 0.0;
       });
-      if (token < 0) {
-        token = inverse_cdf_draw(vocab, uniform, [&](int64_t v) { return dist.prob(static_cast<float>(row[v]), v); });
-      }
-      out[accepted] = token;
     }
   });
 }

@@ -90,7 +90,8 @@ void mixture_verify_impl(const at::Tensor& target_logits, const at::Tensor& draf
           branch_rows[z] = draft_row(n, z, accepted);
         }
       }
-      auto residual = [&](int64_t v) {
+      const double uniform = static_cast<double>(u[n * positions + num_draft]);
+      out[accepted] = draw_final_token(row, vocab, uniform, dist, [&](int64_t v) {
         double r = dist.prob(static_cast<float>(row[v]), v);
         if (rejected && r > 0.0) {  // where p(v) = 0 the residual is 0 whatever q is
           for (int z = 0; z < num_branches; ++z) {
@@ -100,13 +101,7 @@ void mixture_verify_impl(const at::Tensor& target_logits, const at::Tensor& draf
           }
         }
         return r > 0.0 ? r : 0.0;
-      };
-      const double uniform = static_cast<double>(u[n * positions + num_draft]);
-      int64_t token = inverse_cdf_draw(vocab, uniform, residual);
-      if (token < 0) {
-        token = inverse_cdf_draw(vocab, uniform, [&](int64_t v) { return dist.prob(static_cast<float>(row[v]), v); });
-      }
-      out[accepted] = token;
+      });
     }
   });
 }

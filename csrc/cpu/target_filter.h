@@ -189,4 +189,15 @@ inline int64_t inverse_cdf_draw(int64_t vocab, double uniform, WeightFn weight) 
   return last_positive;
 }
 
+// The final token of a verification step: drawn from the nonnegative `residual` weights
+// (the normalised [p - q]+ after a rejection, or p itself at the bonus position), or from
+// the filtered target p when the residual has no mass.
+template <typename scalar_t, typename ResidualFn>
+inline int64_t draw_final_token(const scalar_t* row, int64_t vocab, double uniform, const FilteredDist& dist,
+                                ResidualFn residual) {
+  const int64_t token = inverse_cdf_draw(vocab, uniform, residual);
+  if (token >= 0) return token;
+  return inverse_cdf_draw(vocab, uniform, [&](int64_t v) { return dist.prob(static_cast<float>(row[v]), v); });
+}
+
 }  // namespace dblast::cpu

@@ -81,14 +81,10 @@ __global__ void __launch_bounds__(kThreads)
   const FilteredDist final_dist = a.dists[n * positions + accepted];
   const scalar_t* final_row = logits + (n * positions + accepted) * a.vocab;
   const double uniform = static_cast<double>(u[a.num_draft]);
-  int64_t token = block_inverse_cdf(final_row, a.vocab, uniform, [&](int64_t v, float logit) {
+  const int64_t token = block_draw_final_token(final_row, a.vocab, uniform, final_dist, [&](int64_t v, float logit) {
     const double r = final_dist.prob(logit, v) - sparse_prob(support_tokens, support_probs, count, v);
     return r > 0.0 ? r : 0.0;
   });
-  if (token < 0) {
-    token = block_inverse_cdf(final_row, a.vocab, uniform,
-                              [&](int64_t v, float logit) { return final_dist.prob(logit, v); });
-  }
   if (threadIdx.x == 0) a.output_tokens[n * positions + accepted] = token;
 }
 

@@ -8,6 +8,7 @@
 #include <climits>
 
 #include "block_primitives.cuh"
+#include "dblast/filtering.h"
 
 namespace dblast::cuda {
 
@@ -67,6 +68,16 @@ __device__ int64_t block_inverse_cdf(const scalar_t* row, int64_t vocab, double 
   const unsigned long long result = found;
   __syncthreads();
   return result != ULLONG_MAX ? static_cast<int64_t>(result) : static_cast<int64_t>(last_positive);
+}
+
+// The final token of a verification step (device twin of dblast::cpu::draw_final_token):
+// from the `residual` weights, or from the filtered target when they have no mass.
+template <typename scalar_t, typename Residual>
+__device__ int64_t block_draw_final_token(const scalar_t* row, int64_t vocab, double uniform,
+                                          const FilteredDist& dist, Residual residual) {
+  const int64_t token = block_inverse_cdf(row, vocab, uniform, residual);
+  if (token >= 0) return token;
+  return block_inverse_cdf(row, vocab, uniform, [&](int64_t v, float logit) { return dist.prob(logit, v); });
 }
 
 }  // namespace dblast::cuda
