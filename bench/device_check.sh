@@ -24,7 +24,7 @@ if ! "$PY" setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
 fi
 
 echo "== tests ($(date -u +%T))"
-"$PY" -m pytest python_tests -q -p no:cacheprovider -x > "$OUT/tests.log" 2>&1 || status=1
+"$PY" -m pytest python_tests -q -p no:cacheprovider -rfE > "$OUT/tests.log" 2>&1 || status=1
 tail -15 "$OUT/tests.log"
 
 echo "== bandwidth ($(date -u +%T))"
