@@ -18,17 +18,18 @@ status=0
 { nvidia-smi; "$PY" -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"; } > "$OUT/machine.txt" 2>&1
 
 echo "== build ($(date -u +%T))"
-if ! "$PY" setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
+# Every stage has a time limit, so that a hung kernel cannot eat the whole device lease.
+if ! timeout 420 "$PY" setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"
   exit 1
 fi
 
 echo "== tests ($(date -u +%T))"
-"$PY" -m pytest python_tests -q -p no:cacheprovider -rfE > "$OUT/tests.log" 2>&1 || status=1
+timeout 300 "$PY" -m pytest python_tests -q -p no:cacheprovider -rfE > "$OUT/tests.log" 2>&1 || status=1
 tail -15 "$OUT/tests.log"
 
 echo "== bandwidth ($(date -u +%T))"
-BANDWIDTH=$("$PY" - <<'PY'
+BANDWIDTH=$(timeout 60 "$PY" - 2>>"$OUT/bandwidth.log" <<'PY'
 import torch
 x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
 y = torch.empty_like(x)
@@ -46,9 +47,11 @@ PY
 echo "copy bandwidth: $BANDWIDTH B/s"
 
 echo "== benchmarks ($(date -u +%T))"
-"$PY" -m pytest bench -q -p no:cacheprovider -k cuda --benchmark-json="$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
+timeout 300 "$PY" -m pytest bench -q -p no:cacheprovider -k cuda --benchmark-json="$OUT/bench.json" \
+  > "$OUT/bench.log" 2>&1 || status=1
 tail -5 "$OUT/bench.log"
-"$PY" bench/summarize.py "$OUT/bench.json" --bandwidth "$BANDWIDTH" \
-  --machine "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" > "$OUT/results.md" || status=1
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+"$PY" bench/summarize.py "$OUT/bench.json" ${BANDWIDTH:+--bandwidth "$BANDWIDTH"} \
+  --machine "${GPU_NAME:-unknown GPU}" > "$OUT/results.md" || status=1
 cat "$OUT/results.md"
 exit $status
