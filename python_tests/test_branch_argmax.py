@@ -154,3 +154,11 @@ def test_opcheck(device, branches):
     case = to_device(make_case(5, branches, 32, 300, torch.float32, seed=8), device)
     args = (case["hidden"], case["lm_head_weight"], case.get("expander_weight"), case.get("expander_bias"), 290, 0)
     torch.library.opcheck(torch.ops.dblast.branch_argmax.default, args)
+
+
+def test_traces_under_torch_compile_fullgraph(device):
+    case = to_device(make_case(5, 4, 32, 300, torch.float32, seed=10), device)
+    compiled = torch.compile(lambda **kw: ops.branch_argmax(**kw, vocab_size=290), fullgraph=True,
+                             backend="aot_eager")
+    for eager, traced in zip(ops.branch_argmax(**case, vocab_size=290), compiled(**case)):
+        assert torch.equal(eager, traced)

@@ -121,3 +121,10 @@ def test_opcheck(device):
     args = (case["q"], case["k_cache"], case["v_cache"], case["k_block"], case["v_block"], case["context_lens"],
             0.125, -1)
     torch.library.opcheck(torch.ops.dblast.drafter_attention.default, args)
+
+
+def test_traces_under_torch_compile_fullgraph(device):
+    case = to_device(make_case(3, 2, 4, 8, 64, 40, torch.float32, seed=11), device)
+    compiled = torch.compile(lambda **kw: ops.drafter_attention(**kw, window=16), fullgraph=True,
+                             backend="aot_eager")
+    assert torch.equal(ops.drafter_attention(**case, window=16), compiled(**case))
