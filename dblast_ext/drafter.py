@@ -1,0 +1,236 @@
+"""The block-diffusion drafter: DFlash's architecture plus DBLast's K-branch head.
+
+State-dict names follow the public DFlash checkpoints (see DESIGN.md): `fc`, `hidden_norm`,
+`layers.{i}.{input_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q_norm,k_norm},
+post_attention_layernorm, mlp.{gate,up,down}_proj}`, `norm`; DBLast adds `branch_expander`
+(Linear H -> K*H) and `prior_head` (Linear H -> K). Embedding and LM head are the target's.
+
+Attention: queries come from the block only; keys/values are the drafter's projections of
+the context features (every token before the block, cached across cycles) followed by the
+block's own; no mask; absolute RoPE positions. The context features enter every layer's
+k/v projections directly (after `fc` and `hidden_norm`), not through the layer norms.
+"""
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch
+from torch import nn
+
+from . import ops, reference
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    block_size: int
+    num_target_layers: int
+    target_layer_ids: List[int]
+    mask_token_id: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e6
+    attention_bias: bool = False
+    layer_types: Optional[List[str]] = None  # "full_attention" / "sliding_attention" per layer
+    sliding_window: Optional[int] = None
+    num_branches: int = 1
+    extra: dict = field(default_factory=dict)  # other config.json fields, written back unchanged
+
+    def window(self, layer: int) -> int:
+        if self.layer_types and self.layer_types[layer] == "sliding_attention":
+            return int(self.sliding_window)
+        return -1
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (rotate-half convention) of x [N, heads, T, D] at positions [N, T]."""
+    dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+    angles = positions.float()[:, None, :, None] * inv_freq  # [N, 1, T, D/2]
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    half = dim // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, self.heads * self.head_dim, bias=c.attention_bias)
+        self.k_proj = nn.Linear(c.hidden_size, self.kv_heads * self.head_dim, bias=c.attention_bias)
+        self.v_proj = nn.Linear(c.hidden_size, self.kv_heads * self.head_dim, bias=c.attention_bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, c.hidden_size, bias=c.attention_bias)
+        self.q_norm = RMSNorm(self.head_dim, c.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, c.rms_norm_eps)
+
+    def project_keys_values(self, x: torch.Tensor, positions: torch.Tensor, theta: float):
+        """Rotated keys and values [N, Hkv, T, D] of hidden states x [N, T, H]."""
+        n, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(n, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        return rope(k, positions, theta), v
+
+    def project_queries(self, x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+        n, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(n, t, self.heads, self.head_dim)).transpose(1, 2)
+        return rope(q, positions, theta)
+
+
+class DrafterMLP(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = DrafterAttention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = DrafterMLP(c)
+
+
+class DrafterCache:
+    """The drafter's own context K/V per layer: [N, Hkv, capacity, D], valid up to `length`."""
+
+    def __init__(self, config: DrafterConfig, rows: int, capacity: int, device, dtype):
+        shape = (rows, config.num_key_value_heads, capacity, config.head_dim)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def crop(self, length: int) -> None:
+        """Forget cached context beyond `length` tokens (a rejected suffix)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"crop length must lie in [0, {self.length}], got {length}")
+        self.length = length
+
+
+class DBlastDrafter(nn.Module):
+    """DFlash drafter with an optional K-branch head (K = 1 without it is plain DFlash)."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.fc = nn.Linear(len(config.target_layer_ids) * h, h, bias=False)
+        self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DrafterLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        if config.num_branches > 1:
+            self.branch_expander = nn.Linear(h, config.num_branches * h)
+            self.prior_head = nn.Linear(h, config.num_branches)
+
+    @property
+    def num_branches(self) -> int:
+        return self.config.num_branches
+
+    def context_features(self, hidden_states) -> torch.Tensor:
+        """concat(hidden_states[l + 1] for l in target_layer_ids): index 0 is the embedding output."""
+        return torch.cat([hidden_states[l + 1] for l in self.config.target_layer_ids], dim=-1)
+
+    def forward(self, block_embeddings: torch.Tensor, context_features: torch.Tensor, cache: DrafterCache,
+                use_kernels: bool = True) -> torch.Tensor:
+        """One drafting pass. Appends the new context (`context_features` [N, T, L*H], the
+        target features of tokens not yet cached) to `cache`, then runs the block
+        (`block_embeddings` [N, B, H]: anchor + masks, embedded by the target) at the
+        positions right after it. Returns the final-normed block hidden states [N, B, H]."""
+        c = self.config
+        if use_kernels and torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            raise RuntimeError("the kernel path is inference-only: run the drafter under torch.inference_mode() "
+                               "or torch.no_grad(), or pass use_kernels=False to train through the reference ops")
+        rows, new, block = context_features.shape[0], context_features.shape[1], block_embeddings.shape[1]
+        if cache.length + new > cache.capacity:
+            raise ValueError(f"drafter cache holds {cache.capacity} tokens; {cache.length + new} needed")
+        start = cache.length
+        context = self.hidden_norm(self.fc(context_features))
+        device = block_embeddings.device
+        ctx_pos = torch.arange(start, start + new, device=device).expand(rows, new)
+        blk_pos = torch.arange(start + new, start + new + block, device=device).expand(rows, block)
+        lens = torch.full((rows,), start + new, dtype=torch.int32, device=device)
+        attention = ops.drafter_attention if use_kernels else reference.drafter_attention
+        h = block_embeddings
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            if new:
+                k_ctx, v_ctx = attn.project_keys_values(context, ctx_pos, c.rope_theta)
+                cache.keys[i][:, :, start : start + new] = k_ctx
+                cache.values[i][:, :, start : start + new] = v_ctx
+            x = layer.input_layernorm(h)
+            q = attn.project_queries(x, blk_pos, c.rope_theta)
+            k_blk, v_blk = attn.project_keys_values(x, blk_pos, c.rope_theta)
+            out = attention(q, cache.keys[i], cache.values[i], k_blk, v_blk, lens, window=c.window(i))
+            h = h + attn.o_proj(out.transpose(1, 2).reshape(rows, block, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        cache.length = start + new
+        return self.norm(h)
+
+    def branch_prior(self, anchor_hidden: torch.Tensor, category_temperature: float = 1.0) -> torch.Tensor:
+        """Tempered category distribution [N, K] from the anchor position's normed state;
+        temperature 0 puts all mass on the argmax branch. K = 1: ones."""
+        rows = anchor_hidden.shape[0]
+        if self.num_branches == 1:
+            return torch.ones(rows, 1, device=anchor_hidden.device)
+        logits = self.prior_head(anchor_hidden).float()
+        if category_temperature == 0:
+            return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return torch.softmax(logits / category_temperature, dim=-1)
+
+    @torch.no_grad()
+    def branch_tokens(self, block_hidden: torch.Tensor, lm_head_weight: torch.Tensor, vocab_size: int,
+                      use_kernels: bool = True) -> torch.Tensor:
+        """Greedy token of every branch at every draft position: [N, K, b] (block positions 1..B-1)."""
+        rows, block, width = block_hidden.shape
+        drafts = block_hidden[:, 1:].reshape(rows * (block - 1), width)
+        expander = (self.branch_expander.weight, self.branch_expander.bias) if self.num_branches > 1 else (None, None)
+        argmax = ops.branch_argmax if use_kernels else reference.branch_argmax
+        result = argmax(drafts, lm_head_weight, *expander, vocab_size=vocab_size)
+        return result.tokens.view(rows, block - 1, self.num_branches).transpose(1, 2).contiguous()
+
+    @torch.no_grad()
+    def add_branch_head(self, num_branches: int, generator: Optional[torch.Generator] = None,
+                        spread: float = 1e-3) -> None:
+        """Adds a K-branch head to a K = 1 (DFlash) drafter. Branches start near the DFlash
+        drafter (h_z = h + small W_z h) but differ from one another: identical branches
+        would get identical gradients forever."""
+        if self.num_branches != 1:
+            raise ValueError(f"the drafter already has {self.num_branches} branches")
+        if num_branches < 2:
+            raise ValueError(f"num_branches must be >= 2 to add a branch head, got {num_branches}")
+        h = self.config.hidden_size
+        ref = self.fc.weight
+        self.config.num_branches = num_branches
+        self.branch_expander = nn.Linear(h, num_branches * h).to(ref.device, ref.dtype)
+        self.prior_head = nn.Linear(h, num_branches).to(ref.device, ref.dtype)
+        g = generator if generator is not None else torch.Generator().manual_seed(0)
+        self.branch_expander.weight.copy_(torch.randn(num_branches * h, h, generator=g) * spread / h**0.5)
+        self.branch_expander.bias.zero_()
+        self.prior_head.weight.copy_(torch.randn(num_branches, h, generator=g) * spread / h**0.5)
+        self.prior_head.bias.zero_()

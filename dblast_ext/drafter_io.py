@@ -1,0 +1,108 @@
+"""Reading and writing drafters in the DFlash checkpoint format (config.json +
+model.safetensors), with DBLast's branch head under `dblast_config`. Loading never runs
+code from the checkpoint."""
+import json
+import os
+from typing import Optional
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .drafter import DBlastDrafter, DrafterConfig
+
+_KNOWN = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+          "head_dim", "block_size", "num_target_layers", "dflash_config", "dblast_config", "vocab_size",
+          "rms_norm_eps", "rope_theta", "attention_bias", "layer_types", "sliding_window"}
+
+
+def config_from_json(raw: dict) -> DrafterConfig:
+    missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                           "block_size", "num_target_layers", "dflash_config", "vocab_size") if k not in raw]
+    if missing:
+        raise ValueError(f"drafter config.json lacks {missing}: not a DFlash/DBLast checkpoint")
+    if raw.get("rope_scaling"):
+        raise ValueError(f"rope_scaling {raw['rope_scaling']} is not supported by this drafter (plain RoPE only)")
+    dflash = raw["dflash_config"]
+    for key in ("mask_token_id", "target_layer_ids"):
+        if key not in dflash:
+            raise ValueError(f"drafter config.json dflash_config lacks {key!r}")
+    heads = raw["num_attention_heads"]
+    return DrafterConfig(
+        hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
+        num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=heads,
+        num_key_value_heads=raw.get("num_key_value_heads", heads),
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads, block_size=raw["block_size"],
+        num_target_layers=raw["num_target_layers"], target_layer_ids=list(dflash["target_layer_ids"]),
+        mask_token_id=dflash["mask_token_id"], vocab_size=raw["vocab_size"],
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=raw.get("rope_theta", 1e6),
+        attention_bias=raw.get("attention_bias", False), layer_types=raw.get("layer_types"),
+        sliding_window=raw.get("sliding_window"),
+        num_branches=raw.get("dblast_config", {}).get("num_branches", 1),
+        extra={k: v for k, v in raw.items() if k not in _KNOWN},
+    )
+
+
+def config_to_json(c: DrafterConfig) -> dict:
+    raw = dict(c.extra)
+    raw.update(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+               num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+               num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, block_size=c.block_size,
+               num_target_layers=c.num_target_layers, vocab_size=c.vocab_size, rms_norm_eps=c.rms_norm_eps,
+               rope_theta=c.rope_theta, attention_bias=c.attention_bias,
+               dflash_config={"mask_token_id": c.mask_token_id, "target_layer_ids": list(c.target_layer_ids)})
+    if c.layer_types is not None:
+        raw.update(layer_types=c.layer_types, sliding_window=c.sliding_window)
+    if c.num_branches > 1:
+        raw["dblast_config"] = {"num_branches": c.num_branches}
+    return raw
+
+
+def check_against_target(config: DrafterConfig, target_config) -> None:
+    """Clear errors when a drafter cannot serve a target (a Hugging Face config object)."""
+    if target_config.hidden_size != config.hidden_size:
+        raise ValueError(f"drafter hidden size {config.hidden_size} != target hidden size {target_config.hidden_size}")
+    if not 0 <= config.mask_token_id < target_config.vocab_size:
+        raise ValueError(f"mask token id {config.mask_token_id} has no slot in the target's vocabulary "
+                         f"of {target_config.vocab_size}")
+    bad = [l for l in config.target_layer_ids if not 0 <= l < target_config.num_hidden_layers]
+    if bad:
+        raise ValueError(f"target_layer_ids {bad} are out of range for a target with "
+                         f"{target_config.num_hidden_layers} layers")
+
+
+def load_drafter(path: str, target=None, num_branches: Optional[int] = None, *,
+                 generator: Optional[torch.Generator] = None) -> DBlastDrafter:
+    """Loads a DFlash or DBLast drafter from a local directory (config.json + model.safetensors).
+    With num_branches = K > 1 on a DFlash (K = 1) checkpoint, adds a K-branch head whose
+    branches start near the DFlash drafter but differ. `target` (a Hugging Face causal LM),
+    when given, is checked for compatibility."""
+    config_path, weights_path = os.path.join(path, "config.json"), os.path.join(path, "model.safetensors")
+    for needed in (config_path, weights_path):
+        if not os.path.isfile(needed):
+            raise FileNotFoundError(f"drafter checkpoint file missing: {needed} (nothing is downloaded)")
+    with open(config_path) as f:
+        config = config_from_json(json.load(f))
+    if target is not None:
+        check_against_target(config, target.config)
+    drafter = DBlastDrafter(config)
+    state = load_file(weights_path)
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match the drafter architecture: missing {sorted(missing)}, "
+                         f"unexpected {sorted(unexpected)}")
+    dtype = next(iter(state.values())).dtype if state else torch.float32
+    drafter = drafter.to(dtype)
+    if num_branches is not None and num_branches != drafter.num_branches:
+        if drafter.num_branches != 1:
+            raise ValueError(f"checkpoint already has {drafter.num_branches} branches; cannot change to {num_branches}")
+        drafter.add_branch_head(num_branches, generator=generator)
+    return drafter
+
+
+def save_pretrained(drafter: DBlastDrafter, path: str) -> None:
+    """Writes config.json + model.safetensors; K = 1 drafters stay loadable as DFlash."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config_to_json(drafter.config), f, indent=2)
+    state = {k: v.detach().contiguous() for k, v in drafter.state_dict().items()}
+    save_file(state, os.path.join(path, "model.safetensors"))

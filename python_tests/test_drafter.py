@@ -1,0 +1,219 @@
+"""The DFlash-compatible drafter: checkpoint format, K-branch head, cached inference."""
+import json
+import types
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from dblast_ext import DrafterCache, load_drafter, save_pretrained
+from dblast_ext.drafter import rope
+
+H, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 64, 4, 2, 16, 128, 2, 100
+TARGET_LAYERS = [1, 4]
+
+
+def dflash_state(dtype=torch.float32, seed=0):
+    """Exact key names and shapes of a DFlash checkpoint for a small Qwen3 config."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"fc.weight": (H, len(TARGET_LAYERS) * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
+    for i in range(LAYERS):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+            p + "self_attn.q_proj.weight": (HEADS * HEAD_DIM, H), p + "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, H),
+            p + "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, H), p + "self_attn.o_proj.weight": (H, HEADS * HEAD_DIM),
+            p + "self_attn.q_norm.weight": (HEAD_DIM,), p + "self_attn.k_norm.weight": (HEAD_DIM,),
+            p + "mlp.gate_proj.weight": (INTER, H), p + "mlp.up_proj.weight": (INTER, H),
+            p + "mlp.down_proj.weight": (H, INTER),
+        })
+    state = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            state[name] = (1 + 0.1 * torch.randn(shape, generator=g)).to(dtype)
+        else:
+            state[name] = (torch.randn(shape, generator=g) / shape[-1] ** 0.5).to(dtype)
+    return state
+
+
+def dflash_config(**overrides):
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": H,
+              "intermediate_size": INTER, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+              "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+              "attention_bias": False, "vocab_size": VOCAB, "block_size": 4, "num_target_layers": 6,
+              "dflash_config": {"mask_token_id": 97, "target_layer_ids": TARGET_LAYERS}}
+    config.update(overrides)
+    return config
+
+
+@pytest.fixture
+def dflash_dir(tmp_path):
+    def write(dtype=torch.float32, **overrides):
+        path = tmp_path / "dflash"
+        path.mkdir(exist_ok=True)
+        (path / "config.json").write_text(json.dumps(dflash_config(**overrides)))
+        save_file(dflash_state(dtype), str(path / "model.safetensors"))
+        return str(path)
+    return write
+
+
+def inputs(rows=2, context=7, block=4, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, block, H, generator=g), torch.randn(rows, context, len(TARGET_LAYERS) * H, generator=g))
+
+
+@torch.no_grad()
+def run(drafter, block, features, use_kernels=True, capacity=64):
+    cache = DrafterCache(drafter.config, block.shape[0], capacity, block.device, block.dtype)
+    return drafter(block, features, cache, use_kernels=use_kernels), cache
+
+
+@torch.no_grad()
+def dflash_semantics(drafter, block, features):
+    """Independent full recompute, written the DFlash way: queries from the block, keys and
+    values from [context, block], RoPE at absolute positions, no mask (window per layer)."""
+    c = drafter.config
+    rows, b, t = block.shape[0], block.shape[1], features.shape[1]
+    ctx = drafter.hidden_norm(drafter.fc(features))
+    pos = torch.arange(t + b).expand(rows, -1)
+    h = block
+    for i, layer in enumerate(drafter.layers):
+        a = layer.self_attn
+        x = layer.input_layernorm(h)
+        q = a.q_norm(a.q_proj(x).view(rows, b, HEADS, HEAD_DIM)).transpose(1, 2)
+        both = torch.cat([ctx, x], dim=1)
+        k = a.k_norm(a.k_proj(both).view(rows, t + b, KV_HEADS, HEAD_DIM)).transpose(1, 2)
+        v = a.v_proj(both).view(rows, t + b, KV_HEADS, HEAD_DIM).transpose(1, 2)
+        q, k = rope(q, pos[:, t:], c.rope_theta), rope(k, pos, c.rope_theta)
+        visible = torch.ones(t + b, dtype=torch.bool)
+        if c.window(i) > 0:
+            visible[: max(0, t - c.window(i))] = False
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(HEADS // KV_HEADS, 1), v.repeat_interleave(HEADS // KV_HEADS, 1),
+            attn_mask=visible[None, :].expand(b, -1))
+        h = h + a.o_proj(out.transpose(1, 2).reshape(rows, b, -1))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return drafter.norm(h)
+
+
+def test_loads_a_dflash_checkpoint_unchanged(dflash_dir):
+    drafter = load_drafter(dflash_dir(torch.bfloat16))
+    state = dflash_state(torch.bfloat16)
+    assert set(drafter.state_dict()) == set(state)
+    for name, value in state.items():
+        assert torch.equal(drafter.state_dict()[name], value), name
+    assert drafter.num_branches == 1 and drafter.config.mask_token_id == 97
+    assert drafter.fc.weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("use_kernels", [True, False])
+@pytest.mark.parametrize("layer_types", [None, ["sliding_attention", "full_attention"]])
+def test_forward_matches_dflash_semantics(dflash_dir, use_kernels, layer_types):
+    drafter = load_drafter(dflash_dir(layer_types=layer_types, sliding_window=3))
+    block, features = inputs()
+    out, _ = run(drafter, block, features, use_kernels)
+    torch.testing.assert_close(out, dflash_semantics(drafter, block, features), atol=2e-5, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_incremental_context_cache_matches_a_full_recompute(dflash_dir):
+    drafter = load_drafter(dflash_dir())
+    block, features = inputs(context=9)
+    cache = DrafterCache(drafter.config, 2, 32, "cpu", torch.float32)
+    drafter(block, features[:, :5], cache)  # cycle 1: five context tokens
+    cache.crop(5)                           # (the block itself is never cached)
+    second = drafter(block, features[:, 5:], cache)  # cycle 2: four more
+    assert cache.length == 9
+    torch.testing.assert_close(second, run(drafter, block, features)[0], atol=1e-5, rtol=1e-4)
+    cache.crop(7)  # a rejection: forget two tokens, re-feed them
+    again = drafter(block, features[:, 7:], cache)
+    torch.testing.assert_close(again, second, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("branches", [1, 4])
+def test_save_load_round_trip_gives_identical_outputs(dflash_dir, tmp_path, branches):
+    drafter = load_drafter(dflash_dir(), num_branches=branches if branches > 1 else None)
+    save_pretrained(drafter, str(tmp_path / "saved"))
+    again = load_drafter(str(tmp_path / "saved"))
+    assert again.num_branches == branches
+    block, features = inputs()
+    a, b = run(drafter, block, features)[0], run(again, block, features)[0]
+    assert torch.equal(a, b)
+    head = torch.randn(VOCAB, H)
+    assert torch.equal(drafter.branch_tokens(a, head, VOCAB), again.branch_tokens(b, head, VOCAB))
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert config["dflash_config"] == {"mask_token_id": 97, "target_layer_ids": TARGET_LAYERS}
+    assert ("dblast_config" in config) == (branches > 1)
+    assert config["architectures"] == ["DFlashDraftModel"]  # unknown fields survive
+
+
+@torch.no_grad()
+def test_branch_head_starts_near_dflash_but_branches_differ(dflash_dir):
+    drafter = load_drafter(dflash_dir(), num_branches=4)
+    h = torch.randn(6, H)
+    offsets = (h @ drafter.branch_expander.weight.T + drafter.branch_expander.bias).view(6, 4, H)
+    assert (offsets.norm(dim=-1) < 0.01 * h.norm(dim=-1, keepdim=True)).all()  # h_z = h + small offset
+    assert not torch.allclose(offsets[:, 0], offsets[:, 1])  # symmetry broken
+    prior = drafter.branch_prior(h)
+    torch.testing.assert_close(prior.sum(-1), torch.ones(6))
+    greedy = drafter.branch_prior(h, category_temperature=0)
+    assert torch.equal(greedy.argmax(-1), prior.argmax(-1)) and torch.equal(greedy.sum(-1), torch.ones(6))
+
+
+@torch.no_grad()
+def test_branch_tokens_are_each_branch_argmax(dflash_dir):
+    drafter = load_drafter(dflash_dir(), num_branches=3)
+    torch.nn.init.normal_(drafter.branch_expander.weight, std=0.5)  # distinct branches
+    hidden = torch.randn(2, 4, H)
+    head = torch.randn(VOCAB + 3, H)
+    tokens = drafter.branch_tokens(hidden, head, VOCAB)
+    assert tokens.shape == (2, 3, 3)
+    states = hidden[:, 1:, None, :] + (hidden[:, 1:] @ drafter.branch_expander.weight.T
+                                       + drafter.branch_expander.bias).view(2, 3, 3, H)
+    expected = (states @ head[:VOCAB].T).argmax(-1).transpose(1, 2)
+    assert torch.equal(tokens, expected)
+
+
+def test_missing_files_and_bad_configs_fail_clearly(dflash_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_drafter(str(tmp_path / "nowhere"))
+    path = dflash_dir()
+    raw = json.loads(open(f"{path}/config.json").read())
+    del raw["dflash_config"]["target_layer_ids"]
+    open(f"{path}/config.json", "w").write(json.dumps(raw))
+    with pytest.raises(ValueError, match="target_layer_ids"):
+        load_drafter(path)
+    with pytest.raises(ValueError, match="rope_scaling"):
+        load_drafter(dflash_dir(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("hidden_size", 32, "hidden size"), ("vocab_size", 50, "mask token"), ("num_hidden_layers", 3, "target_layer_ids"),
+])
+def test_target_mismatch_fails_clearly(dflash_dir, field, value, message):
+    config = types.SimpleNamespace(hidden_size=H, vocab_size=VOCAB, num_hidden_layers=6)
+    setattr(config, field, value)
+    with pytest.raises(ValueError, match=message):
+        load_drafter(dflash_dir(), target=types.SimpleNamespace(config=config))
+
+
+def test_kernel_path_refuses_to_run_with_gradients(dflash_dir):
+    drafter = load_drafter(dflash_dir())
+    block, features = inputs()
+    cache = DrafterCache(drafter.config, 2, 16, "cpu", torch.float32)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        drafter(block, features, cache)
+    out = drafter(block, features, cache, use_kernels=False)  # training path: differentiable
+    out.sum().backward()
+    assert drafter.fc.weight.grad is not None
+
+
+@torch.no_grad()
+def test_cache_overflow_and_bad_crop_fail_clearly(dflash_dir):
+    drafter = load_drafter(dflash_dir())
+    block, features = inputs(context=9)
+    cache = DrafterCache(drafter.config, 2, 8, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="cache holds 8"):
+        drafter(block, features, cache)
+    with pytest.raises(ValueError, match="crop length"):
+        cache.crop(3)
