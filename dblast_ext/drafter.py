@@ -170,7 +170,9 @@ class DBlastDrafter(nn.Module):
         if cache.length + new > cache.capacity:
             raise ValueError(f"drafter cache holds {cache.capacity} tokens; {cache.length + new} needed")
         start = cache.length
-        context = self.hidden_norm(self.fc(context_features))
+        dtype = self.fc.weight.dtype  # the target may run in another precision
+        block_embeddings = block_embeddings.to(dtype)
+        context = self.hidden_norm(self.fc(context_features.to(dtype)))
         device = block_embeddings.device
         ctx_pos = torch.arange(start, start + new, device=device).expand(rows, new)
         blk_pos = torch.arange(start + new, start + new + block, device=device).expand(rows, block)
@@ -208,8 +210,10 @@ class DBlastDrafter(nn.Module):
                       use_kernels: bool = True) -> torch.Tensor:
         """Greedy token of every branch at every draft position: [N, K, b] (block positions 1..B-1)."""
         rows, block, width = block_hidden.shape
-        drafts = block_hidden[:, 1:].reshape(rows * (block - 1), width)
-        expander = (self.branch_expander.weight, self.branch_expander.bias) if self.num_branches > 1 else (None, None)
+        dtype = lm_head_weight.dtype  # the op takes one dtype: the target's
+        drafts = block_hidden[:, 1:].reshape(rows * (block - 1), width).to(dtype)
+        expander = ((self.branch_expander.weight.to(dtype), self.branch_expander.bias.to(dtype))
+                    if self.num_branches > 1 else (None, None))
         argmax = ops.branch_argmax if use_kernels else reference.branch_argmax
         result = argmax(drafts, lm_head_weight, *expander, vocab_size=vocab_size)
         return result.tokens.view(rows, block - 1, self.num_branches).transpose(1, 2).contiguous()

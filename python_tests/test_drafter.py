@@ -4,57 +4,17 @@ import types
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from dblast_ext import DrafterCache, load_drafter, save_pretrained
 from dblast_ext.drafter import rope
 
-H, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 64, 4, 2, 16, 128, 2, 100
-TARGET_LAYERS = [1, 4]
-
-
-def dflash_state(dtype=torch.float32, seed=0):
-    """Exact key names and shapes of a DFlash checkpoint for a small Qwen3 config."""
-    g = torch.Generator().manual_seed(seed)
-    shapes = {"fc.weight": (H, len(TARGET_LAYERS) * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
-    for i in range(LAYERS):
-        p = f"layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
-            p + "self_attn.q_proj.weight": (HEADS * HEAD_DIM, H), p + "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, H),
-            p + "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, H), p + "self_attn.o_proj.weight": (H, HEADS * HEAD_DIM),
-            p + "self_attn.q_norm.weight": (HEAD_DIM,), p + "self_attn.k_norm.weight": (HEAD_DIM,),
-            p + "mlp.gate_proj.weight": (INTER, H), p + "mlp.up_proj.weight": (INTER, H),
-            p + "mlp.down_proj.weight": (H, INTER),
-        })
-    state = {}
-    for name, shape in shapes.items():
-        if name.endswith("norm.weight"):
-            state[name] = (1 + 0.1 * torch.randn(shape, generator=g)).to(dtype)
-        else:
-            state[name] = (torch.randn(shape, generator=g) / shape[-1] ** 0.5).to(dtype)
-    return state
-
-
-def dflash_config(**overrides):
-    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": H,
-              "intermediate_size": INTER, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
-              "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
-              "attention_bias": False, "vocab_size": VOCAB, "block_size": 4, "num_target_layers": 6,
-              "dflash_config": {"mask_token_id": 97, "target_layer_ids": TARGET_LAYERS}}
-    config.update(overrides)
-    return config
+from tiny_models import (H, HEAD_DIM, HEADS, KV_HEADS, TARGET_LAYERS, VOCAB, dflash_config, dflash_state,
+                         write_dflash_checkpoint)
 
 
 @pytest.fixture
 def dflash_dir(tmp_path):
-    def write(dtype=torch.float32, **overrides):
-        path = tmp_path / "dflash"
-        path.mkdir(exist_ok=True)
-        (path / "config.json").write_text(json.dumps(dflash_config(**overrides)))
-        save_file(dflash_state(dtype), str(path / "model.safetensors"))
-        return str(path)
-    return write
+    return lambda dtype=torch.float32, **overrides: write_dflash_checkpoint(tmp_path / "dflash", dtype, **overrides)
 
 
 def inputs(rows=2, context=7, block=4, seed=1):

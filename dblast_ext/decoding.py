@@ -1,0 +1,200 @@
+"""The speculative decode loop: a Hugging Face causal LM as the target, a DBlastDrafter as
+the drafter, exact greedy-branch verification (`branch_verify`) in between.
+
+One cycle (DESIGN.md, Decoding): drafter pass on [anchor, mask x b] with the new context
+features -> K greedy branches and the category prior -> sample a branch -> one target
+forward on [anchor, draft] (logits and hidden states together) -> verify -> crop both caches
+to the committed length; the accepted tokens' features are the next cycle's new context.
+"""
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import torch
+
+from . import ops, reference
+from .drafter import DBlastDrafter, DrafterCache
+from .drafter_io import check_against_target
+
+
+@dataclass
+class SamplingParams:
+    """The target's filter: T (0 = greedy), top-k (<= 0 off), top-p (>= 1 off)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def kwargs(self) -> dict:
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+
+@dataclass
+class CycleRecord:
+    num_accepted: int          # accepted drafts n, 0..b (committed length n + 1)
+    expected_accepted: float   # sum_i prod_{j<=i} A_j of the verified draft
+    branch: int
+    prior: List[float]
+    draft_time: float
+    verify_time: float
+
+
+@dataclass
+class GenerationOutput:
+    token_ids: List[int]
+    stopped_by_eos: bool
+    cycles: List[CycleRecord] = field(default_factory=list)
+    wall_time: float = 0.0
+
+
+class TargetAdapter:
+    """A Hugging Face causal LM (Qwen3, Llama, ...) used unmodified: one forward returns the
+    logits of every position and the hidden states of the drafter's target layers."""
+
+    def __init__(self, model, layer_ids: Sequence[int]):
+        self.model = model
+        self.layer_ids = list(layer_ids)
+        # recent transformers name the cache argument `cache`; older ones `past_key_values`
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    def forward(self, input_ids: torch.Tensor, cache, hidden_states: bool = True):
+        out = self.model(input_ids=input_ids, use_cache=True, output_hidden_states=hidden_states,
+                         **{self._cache_arg: cache})
+        if not hidden_states:
+            return out.logits, None
+        features = torch.cat([out.hidden_states[l + 1] for l in self.layer_ids], dim=-1)
+        return out.logits, features
+
+    @staticmethod
+    def crop(cache, length: int) -> None:
+        """Keeps the first `length` tokens (a negative count removes tokens in every
+        transformers version; positive absolute lengths are refused by recent ones)."""
+        excess = cache.get_seq_length() - length
+        if excess > 0:
+            cache.crop(-excess)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(input_ids)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+
+def sample_from_logits(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
+    """One token from the filtered target distribution of a [V] logit row (inverse CDF on a
+    uniform from `generator`, the same rule the verifier uses for its final token)."""
+    probs = reference.filter_target_probs(logits.float().cpu(), **sampling.kwargs())
+    u = torch.rand(1, generator=generator, dtype=torch.float64)
+    return int(reference.inverse_cdf_sample(probs[None], u)[0])
+
+
+class SpeculativeDecoder:
+    def __init__(self, target, drafter: DBlastDrafter, *, category_temperature: float = 1.0,
+                 use_kernels: bool = True):
+        check_against_target(drafter.config, target.config)
+        if category_temperature < 0:
+            raise ValueError(f"category_temperature must be >= 0, got {category_temperature}")
+        self.target = TargetAdapter(target, drafter.config.target_layer_ids)
+        self.drafter = drafter
+        self.category_temperature = category_temperature
+        self.use_kernels = use_kernels
+
+    def _prompt(self, input_ids, max_new_tokens: int) -> torch.Tensor:
+        ids = torch.as_tensor(input_ids, dtype=torch.int64, device=self.target.device)
+        ids = ids.view(1, -1) if ids.dim() == 1 else ids
+        if ids.dim() != 2 or ids.shape[0] != 1:
+            raise ValueError(f"input_ids must be one prompt ([T] or [1, T]), got shape {tuple(ids.shape)}")
+        if ids.shape[1] == 0:
+            raise ValueError("input_ids is empty: the prompt needs at least one token")
+        if max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        return ids
+
+    @torch.inference_mode()
+    def generate(self, input_ids, sampling: Optional[SamplingParams] = None, max_new_tokens: int = 256,
+                 stop_token_ids: Optional[Sequence[int]] = None, seed: int = 0) -> GenerationOutput:
+        sampling = sampling or SamplingParams()
+        ids = self._prompt(input_ids, max_new_tokens)
+        stops = set(stop_token_ids or ())
+        generator = torch.Generator().manual_seed(seed)
+        start_time = time.perf_counter()
+        config, device = self.drafter.config, ids.device
+        block = config.block_size
+        num_draft = block - 1
+
+        target_cache = self.target.new_cache()
+        logits, context = self.target.forward(ids, target_cache)
+        anchor = sample_from_logits(logits[0, -1], sampling, generator)
+        generated = [anchor]
+        drafter_cache = DrafterCache(config, 1, ids.shape[1] + max_new_tokens + block, device,
+                                     self.drafter.fc.weight.dtype)
+        cycles = []
+        mask = torch.full((1, num_draft), config.mask_token_id, dtype=torch.int64, device=device)
+        while len(generated) < max_new_tokens and anchor not in stops:
+            t0 = time.perf_counter()
+            block_ids = torch.cat([torch.tensor([[anchor]], device=device), mask], dim=1)
+            hidden = self.drafter(self.target.embed(block_ids), context, drafter_cache, use_kernels=self.use_kernels)
+            prior = self.drafter.branch_prior(hidden[:, 0], self.category_temperature)
+            tokens = self.drafter.branch_tokens(hidden, self.target.lm_head_weight, self.target.vocab_size,
+                                                use_kernels=self.use_kernels)
+            branch = torch.multinomial(prior.cpu().double(), 1, generator=generator).view(1).to(device)
+            draft = tokens[0, branch]
+            t1 = time.perf_counter()
+
+            verify_logits, features = self.target.forward(torch.cat([block_ids[:, :1], draft], dim=1), target_cache)
+            uniforms = torch.rand(1, block, generator=generator, dtype=torch.float64).to(device)
+            verify = ops.branch_verify if self.use_kernels else reference.branch_verify
+            result = verify(verify_logits.float(), tokens, prior.float(), branch, uniforms, **sampling.kwargs())
+            accepted = int(result.num_accepted[0])
+            emitted = result.output_tokens[0, : accepted + 1].tolist()
+            # the target cache keeps the anchor and the accepted drafts; the final token is the next anchor
+            self.target.crop(target_cache, drafter_cache.length + accepted + 1)
+            context = features[:, : accepted + 1]
+            survive = torch.cumprod(result.accept_probs[0].double(), 0)
+            cycles.append(CycleRecord(accepted, float(survive.sum()), int(branch), prior[0].tolist(), t1 - t0,
+                                      time.perf_counter() - t1))
+            for token in emitted:
+                generated.append(token)
+                if token in stops or len(generated) >= max_new_tokens:
+                    break
+            anchor = generated[-1]
+        stopped = bool(stops) and generated[-1] in stops
+        return GenerationOutput(generated[:max_new_tokens], stopped, cycles, time.perf_counter() - start_time)
+
+    @torch.inference_mode()
+    def generate_autoregressive(self, input_ids, sampling: Optional[SamplingParams] = None,
+                                max_new_tokens: int = 256, stop_token_ids: Optional[Sequence[int]] = None,
+                                seed: int = 0) -> GenerationOutput:
+        """The target alone, with the same filter: the speed-up baseline."""
+        sampling = sampling or SamplingParams()
+        ids = self._prompt(input_ids, max_new_tokens)
+        stops = set(stop_token_ids or ())
+        generator = torch.Generator().manual_seed(seed)
+        start_time = time.perf_counter()
+        cache = self.target.new_cache()
+        logits, _ = self.target.forward(ids, cache, hidden_states=False)
+        generated = []
+        while True:
+            token = sample_from_logits(logits[0, -1], sampling, generator)
+            generated.append(token)
+            if token in stops or len(generated) >= max_new_tokens:
+                break
+            logits, _ = self.target.forward(torch.tensor([[token]], device=ids.device), cache, hidden_states=False)
+        stopped = bool(stops) and generated[-1] in stops
+        return GenerationOutput(generated, stopped, [], time.perf_counter() - start_time)

@@ -1,0 +1,130 @@
+"""The speculative decode loop on tiny random Qwen3 / Llama targets (built from configs)."""
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from dblast_ext import load_drafter  # noqa: E402
+from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext import reference  # noqa: E402
+from losslessness import chi_square_pvalue  # noqa: E402
+from tiny_models import tiny_target, write_dflash_checkpoint  # noqa: E402
+
+PROMPT = [3, 17, 42, 8, 25]
+
+
+def make_decoder(tmp_path, family="qwen3", branches=1, block_size=4, vocab=100, mask=97, use_kernels=True,
+                 category_temperature=1.0):
+    target = tiny_target(family, vocab_size=vocab)
+    target.generation_config.eos_token_id = None
+    target.generation_config.pad_token_id = 0
+    path = write_dflash_checkpoint(tmp_path / f"drafter-{block_size}-{mask}", block_size=block_size,
+                                   dflash_config={"mask_token_id": mask, "target_layer_ids": [1, 4]})
+    drafter = load_drafter(path, target=target, num_branches=branches if branches > 1 else None)
+    if branches > 1:  # make the branches genuinely different
+        torch.nn.init.normal_(drafter.branch_expander.weight, std=0.3, generator=torch.Generator().manual_seed(1))
+    return SpeculativeDecoder(target, drafter, use_kernels=use_kernels, category_temperature=category_temperature)
+
+
+def hf_greedy(target, prompt, max_new_tokens, eos=None):
+    ids = torch.tensor([prompt])
+    out = target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                          attention_mask=torch.ones_like(ids))
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("branches", [1, 4])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_greedy_output_equals_the_targets_own(tmp_path, family, branches, block_size):
+    dec = make_decoder(tmp_path, family, branches, block_size)
+    expected = hf_greedy(dec.target.model, PROMPT, 40)
+    out = dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=40)
+    assert out.token_ids == expected
+    assert not out.stopped_by_eos
+    committed = sum(c.num_accepted + 1 for c in out.cycles)
+    assert committed + 1 >= len(out.token_ids)  # the first token comes from the prefill
+    assert all(0 <= c.num_accepted <= block_size - 1 for c in out.cycles)
+
+
+def test_greedy_stops_at_a_stop_token_like_the_target(tmp_path):
+    dec = make_decoder(tmp_path, "qwen3", 4, 4)
+    full = hf_greedy(dec.target.model, PROMPT, 30)
+    stop = full[12]
+    expected = hf_greedy(dec.target.model, PROMPT, 30, eos=stop)
+    out = dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=30, stop_token_ids=[stop])
+    assert out.token_ids == expected and out.token_ids[-1] == stop and out.stopped_by_eos
+
+
+def test_autoregressive_greedy_equals_the_targets_own(tmp_path):
+    dec = make_decoder(tmp_path)
+    assert dec.generate_autoregressive(PROMPT, SamplingParams(0.0), max_new_tokens=20).token_ids == \
+        hf_greedy(dec.target.model, PROMPT, 20)
+
+
+def test_kernels_and_reference_paths_give_the_same_tokens(tmp_path):
+    sampling = SamplingParams(temperature=1.0, top_k=20, top_p=0.95)
+    a = make_decoder(tmp_path, branches=4, use_kernels=True).generate(PROMPT, sampling, max_new_tokens=30, seed=7)
+    b = make_decoder(tmp_path, branches=4, use_kernels=False).generate(PROMPT, sampling, max_new_tokens=30, seed=7)
+    assert a.token_ids == b.token_ids
+    assert [c.num_accepted for c in a.cycles] == [c.num_accepted for c in b.cycles]
+
+
+def test_same_seed_same_output(tmp_path):
+    dec = make_decoder(tmp_path, branches=4)
+    runs = [dec.generate(PROMPT, SamplingParams(1.0), max_new_tokens=25, seed=3).token_ids for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+SMALL_VOCAB, MASK = 16, 15
+SMALL_PROMPT = [3, 7, 1, 8, 5]
+
+
+def exact_first_two(target, sampling):
+    """p(x1, x2) of the target's filtered sampling after SMALL_PROMPT, straight from its logits."""
+    with torch.no_grad():
+        first = target(torch.tensor([SMALL_PROMPT])).logits[0, -1]
+        p1 = reference.filter_target_probs(first, **sampling.kwargs())
+        rows = torch.tensor([SMALL_PROMPT + [x] for x in range(SMALL_VOCAB)])
+        second = target(rows).logits[:, -1]
+        p2 = reference.filter_target_probs(second, **sampling.kwargs())
+    return (p1[:, None] * p2).numpy()
+
+
+@pytest.mark.parametrize("branches,sampling", [
+    (1, SamplingParams(1.0, 0, 1.0)),
+    (4, SamplingParams(1.0, 6, 0.9)),
+])
+def test_first_two_tokens_follow_the_targets_distribution(tmp_path, branches, sampling):
+    dec = make_decoder(tmp_path, branches=branches, block_size=4, vocab=SMALL_VOCAB, mask=MASK)
+    exact = exact_first_two(dec.target.model, sampling)
+    samples = 3000
+    counts = np.zeros((SMALL_VOCAB, SMALL_VOCAB))
+    for seed in range(samples):
+        tokens = dec.generate(SMALL_PROMPT, sampling, max_new_tokens=2, seed=seed).token_ids
+        counts[tokens[0], tokens[1]] += 1
+    assert counts[exact == 0].sum() == 0
+    assert chi_square_pvalue(counts.ravel(), exact.ravel() * samples) > 1e-3
+    # the second token's marginal: the verified one, with fewer cells and so more power
+    assert chi_square_pvalue(counts.sum(0), exact.sum(0) * samples) > 1e-3
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(input_ids=[]), "empty"), (dict(max_new_tokens=0), "max_new_tokens"),
+])
+def test_bad_generation_arguments_fail_clearly(tmp_path, kwargs, message):
+    dec = make_decoder(tmp_path)
+    args = dict(input_ids=PROMPT, max_new_tokens=5)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        dec.generate(**args)
+
+
+def test_drafter_target_mismatch_fails_clearly(tmp_path):
+    from dblast_ext.decoding import SpeculativeDecoder
+
+    target = tiny_target("qwen3", layers=3)  # the drafter reads layers 1 and 4
+    drafter = load_drafter(write_dflash_checkpoint(tmp_path / "d"))
+    with pytest.raises(ValueError, match="target_layer_ids"):
+        SpeculativeDecoder(target, drafter)

@@ -1,0 +1,68 @@
+"""Tiny models built in the tests from configs (no downloads): a DFlash-format drafter
+checkpoint with the public key names, and random Qwen3 / Llama targets it fits."""
+import json
+import os
+
+import torch
+from safetensors.torch import save_file
+
+H, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 64, 4, 2, 16, 128, 2, 100
+TARGET_LAYERS = [1, 4]
+
+
+def dflash_state(dtype=torch.float32, seed=0):
+    """Exact key names and shapes of a DFlash checkpoint for a small Qwen3 config."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"fc.weight": (H, len(TARGET_LAYERS) * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
+    for i in range(LAYERS):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+            p + "self_attn.q_proj.weight": (HEADS * HEAD_DIM, H), p + "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, H),
+            p + "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, H), p + "self_attn.o_proj.weight": (H, HEADS * HEAD_DIM),
+            p + "self_attn.q_norm.weight": (HEAD_DIM,), p + "self_attn.k_norm.weight": (HEAD_DIM,),
+            p + "mlp.gate_proj.weight": (INTER, H), p + "mlp.up_proj.weight": (INTER, H),
+            p + "mlp.down_proj.weight": (H, INTER),
+        })
+    state = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            state[name] = (1 + 0.1 * torch.randn(shape, generator=g)).to(dtype)
+        else:
+            state[name] = (torch.randn(shape, generator=g) / shape[-1] ** 0.5).to(dtype)
+    return state
+
+
+def dflash_config(**overrides):
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": H,
+              "intermediate_size": INTER, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+              "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+              "attention_bias": False, "vocab_size": VOCAB, "block_size": 4, "num_target_layers": 6,
+              "dflash_config": {"mask_token_id": 97, "target_layer_ids": TARGET_LAYERS}}
+    config.update(overrides)
+    return config
+
+
+def write_dflash_checkpoint(path, dtype=torch.float32, seed=0, **overrides) -> str:
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(dflash_config(**overrides), f)
+    save_file(dflash_state(dtype, seed), os.path.join(path, "model.safetensors"))
+    return str(path)
+
+
+def tiny_target(family: str = "qwen3", seed: int = 0, vocab_size: int = VOCAB, layers: int = 6):
+    """A random causal LM of the drafter's hidden size with `layers` layers."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab_size, hidden_size=H, intermediate_size=INTER, num_hidden_layers=layers,
+                  num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                  max_position_embeddings=1024, tie_word_embeddings=False)
+    if family == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**common))
+    elif family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        raise ValueError(family)
+    return model.eval()
