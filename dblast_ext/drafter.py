@@ -58,15 +58,24 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (rotate-half convention) of x [N, heads, T, D] at positions [N, T]."""
-    dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+def rotary_tables(positions: torch.Tensor, dim: int, theta: float):
+    """cos and sin [N, 1, T, D] of the rotary embedding at positions [N, T]."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim))
     angles = positions.float()[:, None, :, None] * inv_freq  # [N, 1, T, D/2]
-    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
-    half = dim // 2
+    return torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+
+
+def apply_rope(x: torch.Tensor, tables) -> torch.Tensor:
+    """Rotary embedding (rotate-half convention) of x [N, heads, T, D] with rotary_tables."""
+    cos, sin = tables
+    half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding of x [N, heads, T, D] at positions [N, T]."""
+    return apply_rope(x, rotary_tables(positions, x.shape[-1], theta))
 
 
 class DrafterAttention(nn.Module):
@@ -80,17 +89,17 @@ class DrafterAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, c.rms_norm_eps)
 
-    def project_keys_values(self, x: torch.Tensor, positions: torch.Tensor, theta: float):
+    def project_keys_values(self, x: torch.Tensor, tables):
         """Rotated keys and values [N, Hkv, T, D] of hidden states x [N, T, H]."""
         n, t, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(n, t, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        return rope(k, positions, theta), v
+        return apply_rope(k, tables), v
 
-    def project_queries(self, x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    def project_queries(self, x: torch.Tensor, tables) -> torch.Tensor:
         n, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(n, t, self.heads, self.head_dim)).transpose(1, 2)
-        return rope(q, positions, theta)
+        return apply_rope(q, tables)
 
 
 class DrafterMLP(nn.Module):
@@ -177,17 +186,20 @@ class DBlastDrafter(nn.Module):
         ctx_pos = torch.arange(start, start + new, device=device).expand(rows, new)
         blk_pos = torch.arange(start + new, start + new + block, device=device).expand(rows, block)
         lens = torch.full((rows,), start + new, dtype=torch.int32, device=device)
+        # rotary tables once per pass, shared by every layer
+        ctx_rope = rotary_tables(ctx_pos, c.head_dim, c.rope_theta)
+        blk_rope = rotary_tables(blk_pos, c.head_dim, c.rope_theta)
         attention = ops.drafter_attention if use_kernels else reference.drafter_attention
         h = block_embeddings
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             if new:
-                k_ctx, v_ctx = attn.project_keys_values(context, ctx_pos, c.rope_theta)
+                k_ctx, v_ctx = attn.project_keys_values(context, ctx_rope)
                 cache.keys[i][:, :, start : start + new] = k_ctx
                 cache.values[i][:, :, start : start + new] = v_ctx
             x = layer.input_layernorm(h)
-            q = attn.project_queries(x, blk_pos, c.rope_theta)
-            k_blk, v_blk = attn.project_keys_values(x, blk_pos, c.rope_theta)
+            q = attn.project_queries(x, blk_rope)
+            k_blk, v_blk = attn.project_keys_values(x, blk_rope)
             out = attention(q, cache.keys[i], cache.values[i], k_blk, v_blk, lens, window=c.window(i))
             h = h + attn.o_proj(out.transpose(1, 2).reshape(rows, block, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))

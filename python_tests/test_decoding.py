@@ -122,8 +122,6 @@ def test_bad_generation_arguments_fail_clearly(tmp_path, kwargs, message):
 
 
 def test_drafter_target_mismatch_fails_clearly(tmp_path):
-    from dblast_ext.decoding import SpeculativeDecoder
-
     target = tiny_target("qwen3", layers=3)  # the drafter reads layers 1 and 4
     drafter = load_drafter(write_dflash_checkpoint(tmp_path / "d"))
     with pytest.raises(ValueError, match="target_layer_ids"):
