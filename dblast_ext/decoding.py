@@ -9,7 +9,7 @@ to the committed length; the accepted tokens' features are the next cycle's new 
 import inspect
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
@@ -128,7 +128,10 @@ class SpeculativeDecoder:
 
     @torch.inference_mode()
     def generate(self, input_ids, sampling: Optional[SamplingParams] = None, max_new_tokens: int = 256,
-                 stop_token_ids: Optional[Sequence[int]] = None, seed: int = 0) -> GenerationOutput:
+                 stop_token_ids: Optional[Sequence[int]] = None, seed: int = 0,
+                 on_tokens: Optional[Callable[[List[int]], None]] = None) -> GenerationOutput:
+        """Speculative sampling; `on_tokens(new_ids)` is called with the tokens each cycle
+        commits (for streaming), in order, ending with the last token returned."""
         sampling = sampling or SamplingParams()
         ids = self._prompt(input_ids, max_new_tokens)
         stops = set(stop_token_ids or ())
@@ -142,6 +145,8 @@ class SpeculativeDecoder:
         logits, context = self.target.forward(ids, target_cache)
         anchor = sample_from_logits(logits[0, -1], sampling, generator)
         generated = [anchor]
+        if on_tokens:
+            on_tokens([anchor])
         drafter_cache = DrafterCache(config, 1, ids.shape[1] + max_new_tokens + block, device,
                                      self.drafter.fc.weight.dtype)
         cycles = []
@@ -169,10 +174,13 @@ class SpeculativeDecoder:
             survive = torch.cumprod(result.accept_probs[0].double(), 0)
             cycles.append(CycleRecord(accepted, float(survive.sum()), int(branch), prior[0].tolist(), t1 - t0,
                                       time.perf_counter() - t1))
+            before = len(generated)
             for token in emitted:
                 generated.append(token)
                 if token in stops or len(generated) >= max_new_tokens:
                     break
+            if on_tokens:
+                on_tokens(generated[before:])
             anchor = generated[-1]
         stopped = bool(stops) and generated[-1] in stops
         return GenerationOutput(generated[:max_new_tokens], stopped, cycles, time.perf_counter() - start_time)
@@ -180,7 +188,8 @@ class SpeculativeDecoder:
     @torch.inference_mode()
     def generate_autoregressive(self, input_ids, sampling: Optional[SamplingParams] = None,
                                 max_new_tokens: int = 256, stop_token_ids: Optional[Sequence[int]] = None,
-                                seed: int = 0) -> GenerationOutput:
+                                seed: int = 0, on_tokens: Optional[Callable[[List[int]], None]] = None
+                                ) -> GenerationOutput:
         """The target alone, with the same filter: the speed-up baseline."""
         sampling = sampling or SamplingParams()
         ids = self._prompt(input_ids, max_new_tokens)
@@ -193,6 +202,8 @@ class SpeculativeDecoder:
         while True:
             token = sample_from_logits(logits[0, -1], sampling, generator)
             generated.append(token)
+            if on_tokens:
+                on_tokens([token])
             if token in stops or len(generated) >= max_new_tokens:
                 break
             logits, _ = self.target.forward(torch.tensor([[token]], device=ids.device), cache, hidden_states=False)

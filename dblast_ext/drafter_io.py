@@ -70,16 +70,22 @@ def check_against_target(config: DrafterConfig, target_config) -> None:
                          f"{target_config.num_hidden_layers} layers")
 
 
+def checkpoint_files(path: str):
+    """(config.json, model.safetensors) of a local drafter checkpoint, or a clear error."""
+    files = os.path.join(path, "config.json"), os.path.join(path, "model.safetensors")
+    for needed in files:
+        if not os.path.isfile(needed):
+            raise FileNotFoundError(f"drafter checkpoint file missing: {needed} (nothing is downloaded)")
+    return files
+
+
 def load_drafter(path: str, target=None, num_branches: Optional[int] = None, *,
                  generator: Optional[torch.Generator] = None) -> DBlastDrafter:
     """Loads a DFlash or DBLast drafter from a local directory (config.json + model.safetensors).
     With num_branches = K > 1 on a DFlash (K = 1) checkpoint, adds a K-branch head whose
     branches start near the DFlash drafter but differ. `target` (a Hugging Face causal LM),
     when given, is checked for compatibility."""
-    config_path, weights_path = os.path.join(path, "config.json"), os.path.join(path, "model.safetensors")
-    for needed in (config_path, weights_path):
-        if not os.path.isfile(needed):
-            raise FileNotFoundError(f"drafter checkpoint file missing: {needed} (nothing is downloaded)")
+    config_path, weights_path = checkpoint_files(path)
     with open(config_path) as f:
         config = config_from_json(json.load(f))
     if target is not None:

@@ -66,3 +66,31 @@ def tiny_target(family: str = "qwen3", seed: int = 0, vocab_size: int = VOCAB, l
     else:
         raise ValueError(family)
     return model.eval()
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|turn|> {{ m['role'] }} {{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}<|turn|> assistant {% endif %}")
+
+
+def tiny_tokenizer(vocab_size: int = VOCAB, eos_id: int = 1):
+    """A word-level tokenizer over the words t0..t{V-1} (id i is "t{i}"), with an unknown
+    token, an end-of-sequence token and a chat template: enough for the CLI's text path."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"t{i}": i for i in range(vocab_size)}
+    words["<unk>"], words["<|eos|>"], words["<|turn|>"] = 0, eos_id, 2
+    del words["t0"], words[f"t{eos_id}"], words["t2"]
+    backend = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<|eos|>",
+                                   chat_template=CHAT_TEMPLATE)
+
+
+def write_tiny_target_dir(path, family: str = "qwen3", eos_id: int = 1, **kwargs) -> str:
+    """A tiny random target saved like a Hugging Face model directory, tokenizer included."""
+    model = tiny_target(family, **kwargs)
+    model.generation_config.eos_token_id = eos_id
+    model.save_pretrained(path)
+    tiny_tokenizer(model.config.vocab_size, eos_id).save_pretrained(path)
+    return str(path)

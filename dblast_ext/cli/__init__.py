@@ -1,0 +1,30 @@
+"""The `dblast` command line: one module per subcommand, each with `add_parser(subparsers)`
+(its flags) and `run(args) -> int` (its work)."""
+import argparse
+import sys
+from typing import List, Optional
+
+from . import generate
+
+SUBCOMMANDS = {"generate": generate}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dblast", description="Speculative decoding with dependent block drafters.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module in SUBCOMMANDS.items():
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return SUBCOMMANDS[args.command].run(args)
+    except (FileNotFoundError, ValueError, ImportError) as e:  # user errors: one clear line, no traceback
+        print(f"dblast {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Terminal output shared by the subcommands: the acceptance histogram and run summaries."""
+from typing import Sequence
+
+
+def acceptance_histogram(accepted: Sequence[int], num_draft: int, width: int = 40) -> str:
+    """One line per accepted count n = 0..b with a bar, the count and the share; the last
+    line (n = b, every draft accepted) is the ceiling bin and is marked."""
+    counts = [0] * (num_draft + 1)
+    for n in accepted:
+        counts[n] += 1
+    total = max(1, len(accepted))
+    peak = max(counts) or 1
+    lines = []
+    for n, count in enumerate(counts):
+        bar = "#" * round(width * count / peak)
+        mark = "  <- ceiling (all accepted)" if n == num_draft else ""
+        lines.append(f"  n={n:>2} {bar:<{width}} {count:>5} {100 * count / total:5.1f}%{mark}")
+    return "\n".join(lines)
+
+
+def rate(tokens: int, seconds: float) -> str:
+    return f"{tokens} tokens in {seconds:.2f} s ({tokens / seconds if seconds > 0 else float('inf'):.1f} tok/s)"

@@ -1,0 +1,87 @@
+"""Loading a target: a local Hugging Face causal LM and its tokenizer, nothing downloaded and
+no code from the checkpoint executed. Also the small pieces every front end needs around
+it: device and dtype choice, prompt encoding (plain or through the chat template), and the
+stop tokens."""
+import os
+from typing import List, Optional
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """'auto' is bfloat16 on GPUs and float32 on CPUs (16-bit matmuls are slow on most CPUs)."""
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
+    return DTYPES[name]
+
+
+def load_target(path: str, *, device: Optional[str] = None, dtype: str = "auto"):
+    """(model, tokenizer) from a local directory holding a transformers causal LM
+    (config.json, weights, tokenizer files)."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"target {path!r} is not a local directory (nothing is downloaded: give a "
+                                "directory with config.json, the weights and the tokenizer files)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"target directory {path!r} has no config.json: not a transformers model")
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as e:  # the kernels need no transformers; the decode loop does
+        raise ImportError("loading a target needs transformers: pip install 'dblast_ext[hf]'") from e
+    device = device or default_device()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device), local_files_only=True,
+                                                 trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    return model.to(device).eval(), tokenizer
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool, system: Optional[str] = None) -> List[int]:
+    """Token ids of a prompt. With `chat`, the text goes through the tokenizer's chat template
+    as one user turn (plus an optional system turn) and is encoded without adding special
+    tokens again, since the template already frames it."""
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    if not chat:
+        return tokenizer(prompt)["input_ids"]
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the target's tokenizer has no chat template; run without --chat")
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def stop_token_ids(model, tokenizer) -> List[int]:
+    """The end-of-sequence ids of the model's generation config and of its tokenizer."""
+    ids = set()
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (config_eos, getattr(tokenizer, "eos_token_id", None)):
+        if value is None:
+            continue
+        ids.update(value if isinstance(value, (list, tuple)) else [value])
+    return sorted(ids)
+
+
+class TextStream:
+    """Turns token ids arriving in pieces into printable text pieces: decodes everything so
+    far and hands out only the new characters, holding back a trailing partial character."""
+
+    def __init__(self, tokenizer, write):
+        self.tokenizer, self.write = tokenizer, write
+        self.ids: List[int] = []
+        self.shown = 0
+
+    def __call__(self, new_ids: List[int]) -> None:
+        self.ids.extend(new_ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
+            return
+        if len(text) > self.shown:
+            self.write(text[self.shown:])
+            self.shown = len(text)

@@ -1,0 +1,117 @@
+"""`dblast generate` on a tiny random target saved as a local model directory (tokenizer and
+chat template included) and a DFlash-format drafter checkpoint."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from dblast_ext.cli import main  # noqa: E402
+from tiny_models import tiny_tokenizer, write_dflash_checkpoint, write_tiny_target_dir  # noqa: E402
+
+PROMPT = "t5 t17 t42 t8 t25"
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return write_tiny_target_dir(root / "target"), write_dflash_checkpoint(root / "drafter", block_size=8)
+
+
+def run_json(capsys, *argv):
+    assert main(["generate", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def hf_greedy(target_dir, ids, max_new_tokens, eos=None):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir)
+    x = torch.tensor([ids])
+    out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new_tokens,
+                         eos_token_id=eos, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("branches", [None, 4])
+def test_greedy_generation_equals_the_targets_own(capsys, model_dirs, chat, branches):
+    target, drafter = model_dirs
+    argv = ["--target", target, "--drafter", drafter, "--prompt", PROMPT, "--temperature", "0",
+            "--max-new-tokens", "24", "--ignore-eos"]
+    argv += ["--chat"] if chat else []
+    argv += ["--branches", str(branches)] if branches else []
+    out = run_json(capsys, *argv)
+    tokenizer = tiny_tokenizer()
+    ids = (tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
+                                                   add_generation_prompt=True), add_special_tokens=False)
+           if chat else tokenizer(PROMPT))["input_ids"]
+    assert out["token_ids"] == hf_greedy(target, ids, 24)
+    assert out["text"] == tokenizer.decode(out["token_ids"], skip_special_tokens=True)
+    assert out["num_branches"] == (branches or 1) and out["block_size"] == 8
+    assert len(out["accepted"]) == out["cycles"] and all(0 <= n <= 7 for n in out["accepted"])
+
+
+def test_generation_stops_at_the_targets_end_of_sequence_token(capsys, tmp_path, model_dirs):
+    _, drafter = model_dirs
+    ids = tiny_tokenizer()(PROMPT)["input_ids"]
+    free_run = hf_greedy(write_tiny_target_dir(tmp_path / "probe"), ids, 12)
+    eos = next(t for t in free_run[3:] if t not in (0, 2))  # a token greedy decoding reaches
+    target = write_tiny_target_dir(tmp_path / "target", eos_id=eos)
+    out = run_json(capsys, "--target", target, "--drafter", drafter, "--prompt", PROMPT, "--temperature", "0",
+                   "--max-new-tokens", "12")
+    assert out["stopped_by_eos"] and out["token_ids"][-1] == eos
+    assert out["token_ids"] == hf_greedy(target, ids, 12, eos=eos)
+
+
+def test_text_streams_to_stdout_and_figures_go_to_stderr(capsys, model_dirs):
+    target, drafter = model_dirs
+    argv = ["generate", "--target", target, "--drafter", drafter, "--prompt", PROMPT, "--temperature", "0.8",
+            "--top-k", "20", "--top-p", "0.95", "--branches", "4", "--max-new-tokens", "20", "--ignore-eos",
+            "--seed", "3"]
+    assert main(argv) == 0
+    streamed = capsys.readouterr()
+    ids = run_json(capsys, *argv[1:])["token_ids"]
+    assert streamed.out == tiny_tokenizer().decode(ids, skip_special_tokens=True) + "\n"
+    assert "20 tokens in" in streamed.err and "committed length" in streamed.err
+    assert "n= 7" in streamed.err and "ceiling" in streamed.err
+
+
+def test_compare_ar_reports_a_speedup(capsys, model_dirs):
+    target, drafter = model_dirs
+    out = run_json(capsys, "--target", target, "--drafter", drafter, "--prompt", PROMPT, "--max-new-tokens", "16",
+                   "--compare-ar", "--ignore-eos", "--no-kernels")
+    assert out["ar_new_tokens"] == 16 and out["speedup"] > 0 and out["ar_wall_time"] > 0
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"--target": "/nonexistent/target"}, "not a local directory"),
+    ({"--drafter": "/nonexistent/drafter"}, "drafter checkpoint file missing"),
+    ({"--temperature": "-1"}, "--temperature"),
+    ({"--top-p": "0"}, "--top-p"),
+    ({"--max-new-tokens": "0"}, "--max-new-tokens"),
+    ({"--prompt": ""}, "prompt is empty"),
+    ({"--dtype": "int8"}, "dtype"),
+])
+def test_bad_arguments_fail_with_one_clear_line(capsys, model_dirs, change, message):
+    target, drafter = model_dirs
+    args = {"--target": target, "--drafter": drafter, "--prompt": PROMPT}
+    args.update(change)
+    assert main(["generate", *[x for kv in args.items() for x in kv]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dblast generate: error:") and message in err and "Traceback" not in err
+
+
+def test_the_installed_console_script_runs(model_dirs):
+    script = os.path.join(os.path.dirname(sys.executable), "dblast")
+    assert os.path.exists(script), "pip install should have created the `dblast` script next to python"
+    target, drafter = model_dirs
+    done = subprocess.run([script, "generate", "--target", target, "--drafter", drafter, "--prompt", PROMPT,
+                           "--max-new-tokens", "8", "--temperature", "0", "--json"],
+                          capture_output=True, text=True, timeout=300, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["new_tokens"] <= 8
