@@ -15,12 +15,12 @@ PROMPT = [3, 17, 42, 8, 25]
 
 
 def make_decoder(tmp_path, family="qwen3", branches=1, block_size=4, vocab=100, mask=97, use_kernels=True,
-                 category_temperature=1.0):
-    target = tiny_target(family, vocab_size=vocab)
+                 category_temperature=1.0, layers=6, target_layer_ids=(1, 4)):
+    target = tiny_target(family, vocab_size=vocab, layers=layers)
     target.generation_config.eos_token_id = None
     target.generation_config.pad_token_id = 0
     path = write_dflash_checkpoint(tmp_path / f"drafter-{block_size}-{mask}", block_size=block_size,
-                                   dflash_config={"mask_token_id": mask, "target_layer_ids": [1, 4]})
+                                   dflash_config={"mask_token_id": mask, "target_layer_ids": list(target_layer_ids)})
     drafter = load_drafter(path, target=target, num_branches=branches if branches > 1 else None)
     if branches > 1:  # make the branches genuinely different
         torch.nn.init.normal_(drafter.branch_expander.weight, std=0.3, generator=torch.Generator().manual_seed(1))
@@ -92,9 +92,9 @@ def exact_first_two(target, sampling):
     return (p1[:, None] * p2).numpy()
 
 
-@pytest.mark.parametrize("branches,sampling", [
-    (1, SamplingParams(1.0, 0, 1.0)),
-    (4, SamplingParams(1.0, 6, 0.9)),
+@pytest.mark.parametrize("branches,sampling", [  # with the test below: K {1, 4} x {no filter, top-k + top-p}
+    (1, SamplingParams(1.0, 6, 0.9)),
+    (4, SamplingParams(1.0, 0, 1.0)),
 ])
 def test_first_two_tokens_follow_the_targets_distribution(tmp_path, branches, sampling):
     dec = make_decoder(tmp_path, branches=branches, block_size=4, vocab=SMALL_VOCAB, mask=MASK)
@@ -108,6 +108,84 @@ def test_first_two_tokens_follow_the_targets_distribution(tmp_path, branches, sa
     assert chi_square_pvalue(counts.ravel(), exact.ravel() * samples) > 1e-3
     # the second token's marginal: the verified one, with fewer cells and so more power
     assert chi_square_pvalue(counts.sum(0), exact.sum(0) * samples) > 1e-3
+
+
+def exact_prefix_joint(target, prompt, sampling, length):
+    """p(x_1..x_length) of the target's filtered sampling after `prompt`, as a [V]*length
+    array, from batched forwards over every prefix (fine for a 16-token vocabulary)."""
+    joint = np.ones(())
+    prefixes = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(length):
+            probs = reference.filter_target_probs(target(prefixes).logits[:, -1], **sampling.kwargs()).numpy()
+            joint = joint[..., None] * probs.reshape(joint.shape + (SMALL_VOCAB,))
+            prefixes = torch.cat([prefixes.repeat_interleave(SMALL_VOCAB, 0),
+                                  torch.arange(SMALL_VOCAB).repeat(prefixes.shape[0])[:, None]], dim=1)
+    return joint
+
+
+class OracleBranches:
+    """Stands in for the drafter's branch head with drafts the target often accepts, so that
+    deep positions, the bonus token and the consistent-set bookkeeping all get exercised.
+    Branch 0 is the target's greedy path from the committed prefix; branch z > 0 is that path
+    with position (z - 1) mod b swapped for the runner-up token (so branches share prefixes
+    and split at different depths). The prior is fixed and far from uniform."""
+
+    def __init__(self, decoder, branches, prompt):
+        self.target, self.branches, self.prefix = decoder.target.model, branches, list(prompt)
+        self.prior = torch.tensor([[0.45, 0.3, 0.15, 0.1][:branches]])
+        self.prior /= self.prior.sum()
+
+    def on_tokens(self, ids):
+        self.prefix.extend(ids)
+
+    def branch_prior(self, anchor_hidden, category_temperature=1.0):
+        return self.prior.clone()
+
+    def branch_tokens(self, block_hidden, lm_head_weight, vocab_size, use_kernels=True):
+        num_draft = block_hidden.shape[1] - 1
+        path, runner_up = list(self.prefix), []
+        with torch.no_grad():
+            for _ in range(num_draft):
+                top2 = self.target(torch.tensor([path])).logits[0, -1].topk(2).indices.tolist()
+                path.append(top2[0])
+                runner_up.append(top2[1])
+        greedy = path[len(self.prefix):]
+        rows = [list(greedy) for _ in range(self.branches)]
+        for z in range(1, self.branches):
+            rows[z][(z - 1) % num_draft] = runner_up[(z - 1) % num_draft]
+        return torch.tensor([rows])
+
+
+@pytest.mark.parametrize("branches,block_size,sampling", [
+    (4, 3, SamplingParams(1.0, 0, 1.0)),   # b = 2: the fourth token is often the bonus token
+    (4, 4, SamplingParams(1.0, 6, 0.9)),   # b = 3: three verified positions in the first cycle
+    (1, 4, SamplingParams(1.0, 0, 1.0)),
+])
+def test_committed_tokens_follow_the_targets_distribution_at_every_position(tmp_path, branches, block_size,
+                                                                            sampling):
+    dec = make_decoder(tmp_path, branches=branches, block_size=block_size, vocab=SMALL_VOCAB, mask=MASK, layers=2,
+                       target_layer_ids=(0, 1))
+    with torch.no_grad():  # a peaked target (top token ~0.6): drafts get accepted, deep positions get reached
+        dec.target.model.lm_head.weight.mul_(12.0)
+    length, samples = 4, 2000
+    exact = exact_prefix_joint(dec.target.model, SMALL_PROMPT, sampling, length)
+    counts = np.zeros_like(exact)
+    accepted = []
+    for seed in range(samples):
+        oracle = OracleBranches(dec, branches, SMALL_PROMPT)
+        dec.drafter.branch_prior, dec.drafter.branch_tokens = oracle.branch_prior, oracle.branch_tokens
+        out = dec.generate(SMALL_PROMPT, sampling, max_new_tokens=length, seed=seed, on_tokens=oracle.on_tokens)
+        assert oracle.prefix == SMALL_PROMPT + out.token_ids
+        counts[tuple(out.token_ids)] += 1
+        accepted.append(out.cycles[0].num_accepted)
+    # the drafts must reach every position often, or the test would check little
+    assert np.mean(np.array(accepted) == block_size - 1) > 0.05
+    assert counts[exact == 0].sum() == 0
+    assert chi_square_pvalue(counts.ravel(), exact.ravel() * samples) > 1e-3
+    for position in range(1, length):  # each committed position's marginal, more power per cell
+        axes = tuple(a for a in range(length) if a != position)
+        assert chi_square_pvalue(counts.sum(axes), exact.sum(axes) * samples) > 1e-3, position
 
 
 @pytest.mark.parametrize("kwargs,message", [
