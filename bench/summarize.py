@@ -2,11 +2,14 @@
 
     python bench/summarize.py results.json [--machine "..."] > table.md
 Each row is one benchmark group: the op's and the reference's mean time and their ratio.
+Decode-cycle benchmarks (extra_info cycle_ms) also get a table of per-cycle times with the
+overhead of K branches over K = 1.
 """
 import argparse
 import collections
 import datetime
 import json
+import re
 
 
 def main():
@@ -56,6 +59,26 @@ def main():
             row += f" {ref_peak / 1e6:.1f} |" if ref_peak is not None else " - |"
             row += f" {op_peak / ref_peak:.3f} |" if op_peak is not None and ref_peak else " - |"
         print(row)
+    cycle_table(data)
+
+
+def cycle_table(data) -> None:
+    """Per-cycle draft / verify / total time of the op path per K, and the overhead over K = 1
+    of the same setting (the group name with K=1)."""
+    rows = {}
+    for bench in data["benchmarks"]:
+        info = bench.get("extra_info", {})
+        if "cycle_ms" in info and bench["params"].get("impl", "op") == "op":
+            rows[bench["group"]] = info
+    if not rows:
+        return
+    print("\n| decode setting | cycles | draft (ms/cycle) | verify (ms/cycle) | cycle (ms) | overhead vs K=1 |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for group, info in sorted(rows.items(), key=lambda kv: (re.sub(r"K=\d+", "", kv[0]), kv[0])):
+        base = rows.get(re.sub(r"K=\d+", "K=1", group))
+        overhead = f"{info['cycle_ms'] / base['cycle_ms'] - 1:+.1%}" if base else "-"
+        print(f"| {group} | {info['cycles']} | {info['draft_ms']:.2f} | {info['verify_ms']:.2f} | "
+              f"{info['cycle_ms']:.2f} | {overhead} |")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ def make_decoder(tmp_path, family="qwen3", branches=1, block_size=4, vocab=100, 
 
 
 def hf_greedy(target, prompt, max_new_tokens, eos=None):
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=target.device)
     out = target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
                           attention_mask=torch.ones_like(ids))
     return out[0, len(prompt):].tolist()
@@ -46,6 +46,18 @@ def test_greedy_output_equals_the_targets_own(tmp_path, family, branches, block_
     committed = sum(c.num_accepted + 1 for c in out.cycles)
     assert committed + 1 >= len(out.token_ids)  # the first token comes from the prefill
     assert all(0 <= c.num_accepted <= block_size - 1 for c in out.cycles)
+
+
+def test_greedy_output_equals_the_targets_own_on_each_device(tmp_path, device):
+    dec = make_decoder(tmp_path, "qwen3", 4, 16)
+    dec.target.model.to(device)
+    dec.drafter.to(device)
+    expected = hf_greedy(dec.target.model, PROMPT, 40)
+    assert dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=40).token_ids == expected
+    # sampled runs on the device follow the seed too
+    sampling = SamplingParams(1.0, 20, 0.95)
+    runs = [dec.generate(PROMPT, sampling, max_new_tokens=30, seed=5).token_ids for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 30
 
 
 def test_greedy_stops_at_a_stop_token_like_the_target(tmp_path):

@@ -16,3 +16,6 @@ def test_readme_python_examples_run():
     assert result.output_tokens.shape == (2, 8)
     assert namespace["out"].tokens.shape == (15, 4)
     assert namespace["attn"].shape == (2, 8, 16, 64)
+    gen = namespace["gen"]
+    assert 0 < len(gen.token_ids) <= 64 and gen.cycles
+    assert len(namespace["baseline"].token_ids) <= 64
