@@ -139,7 +139,6 @@ class SpeculativeDecoder:
         start_time = time.perf_counter()
         config, device = self.drafter.config, ids.device
         block = config.block_size
-        num_draft = block - 1
 
         target_cache = self.target.new_cache()
         logits, context = self.target.forward(ids, target_cache)
@@ -150,30 +149,9 @@ class SpeculativeDecoder:
         drafter_cache = DrafterCache(config, 1, ids.shape[1] + max_new_tokens + block, device,
                                      self.drafter.fc.weight.dtype)
         cycles = []
-        mask = torch.full((1, num_draft), config.mask_token_id, dtype=torch.int64, device=device)
         while len(generated) < max_new_tokens and anchor not in stops:
-            t0 = time.perf_counter()
-            block_ids = torch.cat([torch.tensor([[anchor]], device=device), mask], dim=1)
-            hidden = self.drafter(self.target.embed(block_ids), context, drafter_cache, use_kernels=self.use_kernels)
-            prior = self.drafter.branch_prior(hidden[:, 0], self.category_temperature)
-            tokens = self.drafter.branch_tokens(hidden, self.target.lm_head_weight, self.target.vocab_size,
-                                                use_kernels=self.use_kernels)
-            branch = torch.multinomial(prior.cpu().double(), 1, generator=generator).view(1).to(device)
-            draft = tokens[0, branch]
-            t1 = time.perf_counter()
-
-            verify_logits, features = self.target.forward(torch.cat([block_ids[:, :1], draft], dim=1), target_cache)
-            uniforms = torch.rand(1, block, generator=generator, dtype=torch.float64).to(device)
-            verify = ops.branch_verify if self.use_kernels else reference.branch_verify
-            result = verify(verify_logits.float(), tokens, prior.float(), branch, uniforms, **sampling.kwargs())
-            accepted = int(result.num_accepted[0])
-            emitted = result.output_tokens[0, : accepted + 1].tolist()
-            # the target cache keeps the anchor and the accepted drafts; the final token is the next anchor
-            self.target.crop(target_cache, drafter_cache.length + accepted + 1)
-            context = features[:, : accepted + 1]
-            survive = torch.cumprod(result.accept_probs[0].double(), 0)
-            cycles.append(CycleRecord(accepted, float(survive.sum()), int(branch), prior[0].tolist(), t1 - t0,
-                                      time.perf_counter() - t1))
+            record, emitted, context = self._cycle(anchor, context, target_cache, drafter_cache, sampling, generator)
+            cycles.append(record)
             before = len(generated)
             for token in emitted:
                 generated.append(token)
@@ -184,6 +162,56 @@ class SpeculativeDecoder:
             anchor = generated[-1]
         stopped = bool(stops) and generated[-1] in stops
         return GenerationOutput(generated[:max_new_tokens], stopped, cycles, time.perf_counter() - start_time)
+
+    def _cycle(self, anchor: int, context: torch.Tensor, target_cache, drafter_cache: DrafterCache,
+               sampling: SamplingParams, generator: torch.Generator):
+        """One cycle after `anchor` (the last committed token; `context` holds the target
+        features of the committed tokens the drafter has not cached yet): draft, verify, crop
+        the target cache to the committed length. Returns the cycle's record, the emitted
+        tokens (accepted drafts + the correction or bonus token) and the next context."""
+        config, device = self.drafter.config, context.device
+        block = config.block_size
+        t0 = time.perf_counter()
+        block_ids = torch.full((1, block), config.mask_token_id, dtype=torch.int64, device=device)
+        block_ids[0, 0] = anchor
+        hidden = self.drafter(self.target.embed(block_ids), context, drafter_cache, use_kernels=self.use_kernels)
+        prior = self.drafter.branch_prior(hidden[:, 0], self.category_temperature)
+        tokens = self.drafter.branch_tokens(hidden, self.target.lm_head_weight, self.target.vocab_size,
+                                            use_kernels=self.use_kernels)
+        branch = torch.multinomial(prior.cpu().double(), 1, generator=generator).view(1).to(device)
+        draft = tokens[0, branch]
+        t1 = time.perf_counter()
+
+        verify_logits, features = self.target.forward(torch.cat([block_ids[:, :1], draft], dim=1), target_cache)
+        uniforms = torch.rand(1, block, generator=generator, dtype=torch.float64).to(device)
+        verify = ops.branch_verify if self.use_kernels else reference.branch_verify
+        result = verify(verify_logits.float(), tokens, prior.float(), branch, uniforms, **sampling.kwargs())
+        accepted = int(result.num_accepted[0])
+        emitted = result.output_tokens[0, : accepted + 1].tolist()
+        # the target cache keeps the anchor and the accepted drafts; the final token is the next anchor
+        self.target.crop(target_cache, drafter_cache.length + accepted + 1)
+        survive = torch.cumprod(result.accept_probs[0].double(), 0)
+        record = CycleRecord(accepted, float(survive.sum()), int(branch), prior[0].tolist(), t1 - t0,
+                             time.perf_counter() - t1)
+        return record, emitted, features[:, : accepted + 1]
+
+    @torch.inference_mode()
+    def first_cycle(self, prefix_ids, sampling: Optional[SamplingParams] = None, seed: int = 0) -> CycleRecord:
+        """One drafting + verification cycle right after `prefix_ids`, whose last token is the
+        anchor (as if the prefix had just been committed): acceptance at a chosen point of a
+        response, for diagnostics."""
+        sampling = sampling or SamplingParams()
+        ids = self._prompt(prefix_ids, 1)
+        if ids.shape[1] < 2:
+            raise ValueError("prefix_ids needs at least two tokens: context and the anchor")
+        target_cache = self.target.new_cache()
+        _, context = self.target.forward(ids[:, :-1], target_cache)
+        config = self.drafter.config
+        drafter_cache = DrafterCache(config, 1, ids.shape[1] + config.block_size, ids.device,
+                                     self.drafter.fc.weight.dtype)
+        generator = torch.Generator().manual_seed(seed)
+        record, _, _ = self._cycle(int(ids[0, -1]), context, target_cache, drafter_cache, sampling, generator)
+        return record
 
     @torch.inference_mode()
     def generate_autoregressive(self, input_ids, sampling: Optional[SamplingParams] = None,

@@ -4,9 +4,10 @@ import argparse
 import sys
 from typing import List, Optional
 
-from . import generate
+from . import calibrate, compare, diagnose, evaluate, generate
 
-SUBCOMMANDS = {"generate": generate}
+SUBCOMMANDS = {"generate": generate, "eval": evaluate, "calibrate": calibrate, "compare": compare,
+               "diagnose": diagnose}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,11 +4,8 @@ optionally the speed-up over target-only sampling) to stderr or as JSON."""
 import json
 import sys
 
-import torch
-
-from ..decoding import SamplingParams, SpeculativeDecoder
-from ..drafter_io import checkpoint_files, load_drafter
-from ..target_loading import TextStream, default_device, encode_prompt, load_target, resolve_dtype, stop_token_ids
+from ..target_loading import TextStream, encode_prompt, stop_token_ids
+from .common import add_model_args, add_sampling_args, check_args, load_decoder, sampling_of
 from .display import acceptance_histogram, rate
 
 
@@ -17,56 +14,28 @@ def add_parser(subparsers) -> None:
                               description="Generate text from a local Hugging Face causal LM, drafted by a local "
                                           "DFlash/DBLast drafter and verified exactly (the output follows the "
                                           "target's own sampling distribution).")
-    p.add_argument("--target", required=True, help="local directory of a transformers causal LM (+ tokenizer)")
-    p.add_argument("--drafter", required=True, help="local directory of a DFlash or DBLast drafter checkpoint")
+    add_model_args(p)
+    add_sampling_args(p)
     p.add_argument("--prompt", required=True, help="the prompt text ('-' reads it from stdin)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     p.add_argument("--system", default=None, help="a system message (with --chat)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default 1.0)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass; 1 = off (default)")
-    p.add_argument("--top-k", type=int, default=0, help="top-k; 0 = off (default)")
-    p.add_argument("--branches", type=int, default=None,
-                   help="K: add a K-branch head to a DFlash (K = 1) checkpoint (untrained: for trying the "
-                        "machinery; a DBLast checkpoint brings its own)")
     p.add_argument("--category-temperature", type=float, default=1.0,
                    help="Z_T, the prior's temperature; 0 = always the most likely branch (default 1.0)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
     p.add_argument("--compare-ar", action="store_true",
                    help="also sample with the target alone (same seed and filter) and report the speed-up")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
-    p.add_argument("--no-kernels", action="store_true", help="run the reference ops instead of the compiled kernels")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, figures) instead")
 
 
-def _check(args) -> None:
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.max_new_tokens <= 0:
-        raise ValueError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
-    if args.branches is not None and args.branches < 1:
-        raise ValueError(f"--branches must be >= 1, got {args.branches}")
+def run(args) -> int:
     if not args.prompt:
         raise ValueError("the prompt is empty")
-    resolve_dtype(args.dtype, args.device or default_device())
-    checkpoint_files(args.drafter)  # before the (slower) target load
-
-
-def run(args) -> int:
-    _check(args)
+    check_args(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    device = args.device or default_device()
-    target, tokenizer = load_target(args.target, device=device, dtype=args.dtype)
-    drafter = load_drafter(args.drafter, target=target, num_branches=args.branches)
-    drafter = drafter.to(device=device, dtype=resolve_dtype(args.dtype, device)).eval()
-    decoder = SpeculativeDecoder(target, drafter, category_temperature=args.category_temperature,
-                                 use_kernels=not args.no_kernels)
+    decoder, tokenizer = load_decoder(args, args.category_temperature)
+    target, drafter = decoder.target.model, decoder.drafter
     ids = encode_prompt(tokenizer, prompt, args.chat, args.system)
-    sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
+    sampling = sampling_of(args)
     stops = [] if args.ignore_eos else stop_token_ids(target, tokenizer)
     run_kwargs = dict(sampling=sampling, max_new_tokens=args.max_new_tokens, stop_token_ids=stops, seed=args.seed)
     if args.compare_ar:  # one short warm-up of each loop, so one-time costs stay out of the comparison

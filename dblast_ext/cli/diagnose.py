@@ -1,0 +1,186 @@
+"""`dblast diagnose`: the checks that tell where a drafter's acceptance is limited.
+
+  ceiling RUN [RUN ...]      the preflight check: acceptance histogram and ceiling fraction
+                             per dataset of finished `dblast eval` runs (DBloom §4.1)
+  expansion                  naive block expansion: the drafter run at its trained block and
+                             at --block-size, decomposed into uncapped gain G and front
+                             erosion L (DBloom Eq 4-5, Table 10)
+  determinism                expected accepted length at truncation points of target
+                             responses, binned by target-block early determinism (DBLast
+                             Eq 22-24, Figure 1)
+"""
+import argparse
+import json
+import os
+import random
+import sys
+
+import torch
+
+from ..eval.datasets import chat_messages
+from ..eval.determinism import bin_by_determinism, early_determinism
+from ..eval.metrics import expansion_decomposition, summarize
+from ..eval.records import read_records
+from ..eval.report import plot_histogram
+from ..eval.runner import encode_chat, response_seed
+from .common import add_model_args, add_sampling_args, check_args, load_decoder, sampling_of
+from .display import acceptance_histogram
+from .evaluate import add_eval_args, generate_records, load_all_prompts
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("diagnose", help="ceiling bin, block expansion and early-determinism diagnostics",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    kinds = p.add_subparsers(dest="kind", metavar="KIND", required=True)
+    c = kinds.add_parser("ceiling", help="histogram and ceiling fraction per dataset of eval runs")
+    c.add_argument("runs", nargs="+", help="`dblast eval` output directories (or records.jsonl files)")
+    c.add_argument("--all-responses", action="store_true", help="also count responses that did not end with EOS")
+    e = kinds.add_parser("expansion", help="G / L decomposition of running a drafter at a larger block")
+    add_model_args(e)
+    add_sampling_args(e, temperature=0.0)
+    add_eval_args(e)
+    e.add_argument("--category-temperature", type=float, default=1.0)
+    d = kinds.add_parser("determinism", help="accepted length binned by target-block early determinism")
+    add_model_args(d)
+    add_sampling_args(d)
+    add_eval_args(d)
+    d.add_argument("--category-temperature", type=float, default=1.0)
+    d.add_argument("--truncations", type=int, default=200, help="truncation points sampled over the responses")
+    d.add_argument("--samples", type=int, default=20, help="M, target blocks sampled per truncation point")
+
+
+def _records(path):
+    return read_records(os.path.join(path, "records.jsonl") if os.path.isdir(path) else path)
+
+
+def run(args) -> int:
+    return {"ceiling": run_ceiling, "expansion": run_expansion, "determinism": run_determinism}[args.kind](args)
+
+
+def run_ceiling(args) -> int:
+    print("| run | dataset | block | cycles | mean n | ceiling fraction (n = b) |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    histograms = []
+    for run_dir in args.runs:
+        records = _records(run_dir)
+        for name in sorted({r["dataset"] for r in records}):
+            s = summarize([r for r in records if r["dataset"] == name], eos_only=not args.all_responses, n_boot=1)
+            mean_n = sum(n * h for n, h in enumerate(s["histogram"])) / s["n_cycles"]
+            print(f"| {run_dir} | {name} | {s['block_size']} | {s['n_cycles']} | {mean_n:.2f} | "
+                  f"{100 * s['ceiling_fraction']:.1f}% |")
+            histograms.append((run_dir, name, s))
+    for run_dir, name, s in histograms:
+        print(f"\n{run_dir} / {name}:")
+        print(acceptance_histogram([n for n, h in enumerate(s["histogram"]) for _ in range(h)], s["block_size"] - 1))
+    print("\nA large ceiling fraction means the block horizon clips acceptance: a drafter trained at a larger "
+          "block can recover it (DBloom §4.1).")
+    return 0
+
+
+def run_expansion(args) -> int:
+    check_args(args)
+    if args.block_size is None:
+        raise ValueError("--block-size (the wider block to diagnose, e.g. 24) is required")
+    wider = args.block_size
+    prompts = load_all_prompts(args)
+    os.makedirs(args.out, exist_ok=True)
+    args.block_size = None
+    decoder, tokenizer = load_decoder(args, args.category_temperature)
+    trained = decoder.drafter.config.block_size
+    if wider <= trained:
+        raise ValueError(f"--block-size {wider} must exceed the drafter's trained block size {trained}")
+    runs = {}
+    for label, block in (("trained", trained), ("wider", wider)):
+        decoder.drafter.config.block_size = block
+        args.block_size = block
+        print(f"expansion: block {block} ({label})", file=sys.stderr)
+        runs[label], _ = generate_records(args, decoder, tokenizer, prompts,
+                                          os.path.join(args.out, f"records_block{block}.jsonl"),
+                                          args.category_temperature)
+    rows = []
+    for name in sorted({p.dataset for p in prompts}):
+        hists = [summarize([r for r in runs[k] if r["dataset"] == name], eos_only=not args.all_responses,
+                           n_boot=1)["histogram"] for k in ("trained", "wider")]
+        rows.append(dict(dataset=name, **expansion_decomposition(hists[0], hists[1], trained)))
+    with open(os.path.join(args.out, "expansion.json"), "w") as f:
+        json.dump({"trained_block_size": trained, "block_size": wider, "datasets": rows}, f, indent=2)
+    lines = [f"Naive expansion from block {trained} to {wider} (DBloom Eq 4-5): E[n] change = G - L.", "",
+             "| dataset | E[n] trained | E[n] wider | G (uncapped gain) | L (front erosion) | G - L | "
+             f"P(n >= {trained}) | ceiling trained | ceiling wider |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r['dataset']} | {r['mean_trained']:.2f} | {r['mean_wider']:.2f} | {r['G']:.3f} | "
+                     f"{r['L']:.3f} | {r['G'] - r['L']:+.3f} | {100 * r['survival']:.1f}% | "
+                     f"{100 * r['ceiling_trained']:.1f}% | {100 * r['ceiling_wider']:.1f}% |")
+    table = "\n".join(lines)
+    with open(os.path.join(args.out, "expansion.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+    return 0
+
+
+def run_determinism(args) -> int:
+    check_args(args)
+    if args.truncations <= 0 or args.samples <= 0:
+        raise ValueError("--truncations and --samples must be > 0")
+    prompts = load_all_prompts(args)
+    os.makedirs(args.out, exist_ok=True)
+    decoder, tokenizer = load_decoder(args, args.category_temperature)
+    sampling = sampling_of(args)
+    num_draft = decoder.drafter.config.block_size - 1
+    # target responses to truncate: the target alone, first turn of each prompt
+    responses = []
+    for prompt in prompts:
+        ids = encode_chat(tokenizer, chat_messages(prompt))
+        seed = response_seed(args.seed, prompt.dataset, prompt.prompt_id, 0)
+        out = decoder.generate_autoregressive(ids, sampling, max_new_tokens=args.max_new_tokens, seed=seed)
+        responses.append((ids, out.token_ids))
+    rng = random.Random(args.seed)
+    generator = torch.Generator().manual_seed(args.seed)
+    points = []
+    for k in range(args.truncations):
+        ids, response = responses[rng.randrange(len(responses))]
+        cut = rng.randrange(len(response))  # the anchor is response[cut]
+        prefix = ids + response[: cut + 1]
+        d = early_determinism(decoder.target, prefix, sampling, num_draft, args.samples, generator)
+        cycle = decoder.first_cycle(prefix, sampling, seed=args.seed + k)
+        points.append({"determinism": d, "expected_accepted": cycle.expected_accepted,
+                       "accepted": cycle.num_accepted})
+        if (k + 1) % max(1, args.truncations // 10) == 0:
+            print(f"determinism: {k + 1}/{args.truncations} truncation points", file=sys.stderr)
+    bins = bin_by_determinism([p["determinism"] for p in points], [p["expected_accepted"] for p in points])
+    with open(os.path.join(args.out, "determinism.json"), "w") as f:
+        json.dump({"settings": vars(args) | {"out": args.out}, "bins": bins, "points": points}, f, indent=2,
+                  default=str)
+    lines = ["| early determinism | truncation points | mean expected accepted | standard error |",
+             "| --- | ---: | ---: | ---: |"]
+    for b in bins:
+        mean = f"{b['mean']:.3f}" if b["mean"] is not None else "-"
+        sem = f"{b['sem']:.3f}" if b["sem"] is not None else "-"
+        lines.append(f"| ({b['bin'][0]:.1f}, {b['bin'][1]:.1f}] | {b['count']} | {mean} | {sem} |")
+    table = "\n".join(lines)
+    with open(os.path.join(args.out, "determinism.md"), "w") as f:
+        f.write(table + "\n")
+    plot_determinism(os.path.join(args.out, "determinism.png"), bins)
+    print(table)
+    return 0
+
+
+def plot_determinism(path, bins) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    labels = [f"({b['bin'][0]:.1f}, {b['bin'][1]:.1f}]" for b in bins]
+    means = [b["mean"] or 0.0 for b in bins]
+    errors = [b["sem"] or 0.0 for b in bins]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(labels, means, yerr=errors, capsize=3, color="#4c72b0")
+    for i, b in enumerate(bins):
+        ax.annotate(f"n={b['count']}", (i, means[i]), ha="center", va="bottom", fontsize=8)
+    ax.set_xlabel("target-block early determinism")
+    ax.set_ylabel("expected accepted length")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

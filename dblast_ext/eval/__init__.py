@@ -1,0 +1,1 @@
+"""Evaluation: records, metrics, datasets, calibration, diagnostics and reports."""

@@ -1,0 +1,66 @@
+"""Category-temperature calibration (DBLast §4): choose Z_T from a grid on a disjoint
+calibration split (10% of each dataset's prompts) by macro-average expected accepted
+length, then report on the other 90%."""
+import random
+import zlib
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from .datasets import Prompt
+
+DEFAULT_GRID = tuple(round(0.2 * i, 1) for i in range(8))  # 0.0, 0.2, ..., 1.4
+
+
+def split_prompts(prompts: Sequence[Prompt], fraction: float = 0.1, seed: int = 0) -> Tuple[List[Prompt], List[Prompt]]:
+    """(calibration, evaluation): a seeded random `fraction` of each dataset's prompts (at
+    least one) and the rest, each in the original order; disjoint by construction."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"the calibration fraction must lie in (0, 1), got {fraction}")
+    by_dataset: Dict[str, List[Prompt]] = {}
+    for p in prompts:
+        by_dataset.setdefault(p.dataset, []).append(p)
+    chosen = set()
+    for name, group in by_dataset.items():
+        if len(group) < 2:
+            raise ValueError(f"dataset {name} has {len(group)} prompt: calibration needs at least 2 per dataset")
+        rng = random.Random(zlib.crc32(f"{seed}/{name}".encode()))
+        count = min(len(group) - 1, max(1, round(fraction * len(group))))
+        chosen.update((name, p.prompt_id) for p in rng.sample(group, count))
+    calibration = [p for p in prompts if (p.dataset, p.prompt_id) in chosen]
+    evaluation = [p for p in prompts if (p.dataset, p.prompt_id) not in chosen]
+    return calibration, evaluation
+
+
+def macro_expected_accepted(records: Sequence[dict]) -> float:
+    """Mean over datasets of the per-dataset mean expected accepted length per cycle (every
+    response: the quantity is a per-cycle expectation, not a count a runaway can inflate by
+    running long)."""
+    per_dataset: Dict[str, List[float]] = {}
+    for r in records:
+        per_dataset.setdefault(r["dataset"], []).extend(r["expected_accepted"])
+    means = [np.mean(v) for v in per_dataset.values() if v]
+    if not means:
+        raise ValueError("the calibration records have no decode cycles")
+    return float(np.mean(means))
+
+
+def calibrate(run_at: Callable[[float], Sequence[dict]], grid: Sequence[float] = DEFAULT_GRID) -> Dict:
+    """Runs `run_at(z)` (the calibration split's records at Z_T = z) for every z in the grid
+    and picks the z with the highest macro-average expected accepted length (the smaller z
+    on ties)."""
+    if not grid or any(z < 0 for z in grid):
+        raise ValueError(f"the Z_T grid must be non-empty and non-negative, got {list(grid)}")
+    scores = [macro_expected_accepted(run_at(z)) for z in grid]
+    best = int(np.argmax(scores))  # first maximum = smallest z among ties (grid ascending)
+    return {"grid": list(grid), "scores": scores, "best": grid[best]}
+
+
+def parse_grid(spec: str) -> List[float]:
+    try:
+        grid = sorted(float(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--grid must be comma-separated numbers, got {spec!r}") from None
+    if not grid:
+        raise ValueError("--grid is empty")
+    return grid

@@ -1,0 +1,166 @@
+"""`dblast eval | compare | calibrate | diagnose` end to end on a tiny random target (local
+model directory with tokenizer and chat template) and a DFlash-format drafter."""
+import json
+import os
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from dblast_ext.cli import main  # noqa: E402
+from dblast_ext.eval.metrics import summarize  # noqa: E402
+from dblast_ext.eval.records import read_records  # noqa: E402
+from tiny_models import write_dflash_checkpoint, write_tiny_target_dir  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval")
+    target = write_tiny_target_dir(root / "target")
+    drafter = write_dflash_checkpoint(root / "drafter", block_size=6)
+    files = {}
+    for name, lines in {
+        "alpha": [{"prompt": "t5 t6 t7 t8"}, {"prompt": "t9 t10"}, {"prompt": "t11 t12 t13"}, {"prompt": "t3"}],
+        "beta": [{"id": "q1", "messages": [{"role": "user", "content": "t20 t21"}]},
+                 {"id": "q2", "messages": [{"role": "user", "content": "t22"},
+                                           {"role": "assistant", "content": "t23"},
+                                           {"role": "user", "content": "t24 t25"}]},
+                 {"id": "q3", "prompt": "t30 t31 t32"}],
+    }.items():
+        path = root / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        files[name] = str(path)
+    return root, target, drafter, files
+
+
+def model_args(setup, *extra):
+    _, target, drafter, files = setup
+    return ["--target", target, "--drafter", drafter, "--datasets", f"{files['alpha']},{files['beta']}",
+            "--max-new-tokens", "12", "--no-progress", *extra]
+
+
+def run_eval(setup, out, *extra):
+    assert main(["eval", *model_args(setup, "--out", str(out), *extra)]) == 0
+
+
+def test_eval_writes_records_summary_report_and_plots(setup, capsys):
+    out = setup[0] / "run"
+    run_eval(setup, out, "--branches", "4", "--measure-speedup", "--all-responses", "--top-k", "20")
+    records = read_records(str(out / "records.jsonl"))
+    assert len(records) == 4 + 4  # beta's q2 has two user turns
+    assert sorted(r["turn"] for r in records if r["prompt_id"] == "q2") == [0, 1]
+    for r in records:
+        assert len(r["accepted"]) == len(r["expected_accepted"]) and r["block_size"] == 6
+        assert r["new_tokens"] <= 12 and r["ar_wall_time"] > 0 and r["settings"]["branches"] == 4
+    summary = json.loads((out / "summary.json").read_text())
+    for name in ("alpha", "beta"):
+        again = summarize([r for r in records if r["dataset"] == name], eos_only=False)
+        assert summary["datasets"][name]["tau"] == pytest.approx(again["tau"])
+        assert summary["datasets"][name]["histogram"] == again["histogram"]
+        assert summary["datasets"][name]["speedup"] > 0
+        assert (out / f"histogram_{name}.png").read_bytes().startswith(PNG)
+    assert (out / "committed_length.png").read_bytes().startswith(PNG)
+    report = (out / "report.md").read_text()
+    assert "| alpha |" in report and "| beta |" in report and "**macro-average**" in report
+    assert "(ceiling)" in report and "every response" in report
+    assert "macro" in capsys.readouterr().out
+
+
+def test_eval_is_reproducible_and_resumes_where_it_stopped(setup):
+    first, second = setup[0] / "repro-a", setup[0] / "repro-b"
+    run_eval(setup, first)
+    run_eval(setup, second)
+    key = lambda r: (r["dataset"], r["prompt_id"], r["turn"], r["accepted"], r["text"])  # noqa: E731
+    full = [key(r) for r in read_records(str(first / "records.jsonl"))]
+    assert full == [key(r) for r in read_records(str(second / "records.jsonl"))]
+    # a run killed after three responses, resumed
+    lines = (first / "records.jsonl").read_text().splitlines(keepends=True)
+    (second / "records.jsonl").write_text("".join(lines[:3]))
+    run_eval(setup, second)
+    assert [key(r) for r in read_records(str(second / "records.jsonl"))] == full
+    # a line cut short by the kill is named
+    (second / "records.jsonl").write_text("".join(lines[:3]) + lines[3][:20])
+    assert main(["eval", *model_args(setup, "--out", str(second))]) == 2
+
+
+def test_eval_refuses_to_mix_settings_in_one_directory(setup, capsys):
+    out = setup[0] / "mixed"
+    run_eval(setup, out)
+    capsys.readouterr()
+    assert main(["eval", *model_args(setup, "--out", str(out), "--temperature", "0.5")]) == 2
+    assert "other settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change,message", [
+    (["--datasets", "gsm9k"], "gsm9k"),
+    (["--num-prompts", "0"], "--num-prompts"),
+    (["--category-temperature", "warm"], "--category-temperature"),
+    (["--grid", "0,x"], "--grid"),
+])
+def test_bad_eval_arguments_fail_clearly(setup, capsys, change, message):
+    assert main(["eval", *model_args(setup, "--out", str(setup[0] / "bad")), *change]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dblast eval: error:") and message in err
+
+
+def test_compare_pairs_prompts_and_rejects_other_prompt_sets(setup, capsys):
+    a, b, short = setup[0] / "cmp-a", setup[0] / "cmp-b", setup[0] / "cmp-short"
+    run_eval(setup, a, "--all-responses")
+    run_eval(setup, b, "--all-responses", "--temperature", "0.5")
+    run_eval(setup, short, "--num-prompts", "2")
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b), "--all-responses", "--out", str(setup[0] / "cmp.md")]) == 0
+    table = capsys.readouterr().out
+    assert table.count(f"| {b} |") == 2 and "Holm" in table
+    assert (setup[0] / "cmp.md").read_text().strip() == table.strip()
+    assert main(["compare", str(a), str(short)]) == 2
+    assert "different prompts" in capsys.readouterr().err
+    assert main(["compare", str(a)]) == 2
+
+
+def test_diagnose_ceiling_reads_finished_runs(setup, capsys):
+    out = setup[0] / "ceil"
+    run_eval(setup, out, "--all-responses")
+    capsys.readouterr()
+    assert main(["diagnose", "ceiling", str(out), "--all-responses"]) == 0
+    text = capsys.readouterr().out
+    assert "ceiling fraction" in text and "<- ceiling" in text and "| alpha |" in text
+
+
+def test_diagnose_expansion_decomposes_the_change_in_mean_accepted(setup, capsys):
+    out = setup[0] / "expand"
+    assert main(["diagnose", "expansion", *model_args(setup, "--out", str(out), "--block-size", "9",
+                                                      "--all-responses")]) == 0
+    result = json.loads((out / "expansion.json").read_text())
+    assert result["trained_block_size"] == 6 and result["block_size"] == 9
+    for row in result["datasets"]:
+        assert row["G"] - row["L"] == pytest.approx(row["mean_wider"] - row["mean_trained"])
+    assert {r["block_size"] for r in read_records(str(out / "records_block9.jsonl"))} == {9}
+    assert main(["diagnose", "expansion", *model_args(setup, "--out", str(out), "--block-size", "4")]) == 2
+
+
+def test_diagnose_determinism_bins_truncation_points(setup):
+    out = setup[0] / "determinism"
+    assert main(["diagnose", "determinism", *model_args(setup, "--out", str(out), "--truncations", "6",
+                                                        "--samples", "4")]) == 0
+    result = json.loads((out / "determinism.json").read_text())
+    assert sum(b["count"] for b in result["bins"]) == 6 and len(result["points"]) == 6
+    assert all(0 < p["determinism"] <= 1 for p in result["points"])
+    assert (out / "determinism.png").read_bytes().startswith(PNG)
+
+
+def test_calibration_chooses_z_on_a_split_and_eval_reports_the_rest(setup, capsys):
+    out = setup[0] / "calibrated"
+    assert main(["eval", *model_args(setup, "--out", str(out), "--branches", "4", "--category-temperature",
+                                     "calibrate", "--grid", "0,1", "--all-responses")]) == 0
+    calibration = json.loads((out / "calibration" / "calibration.json").read_text())
+    assert calibration["grid"] == [0.0, 1.0] and calibration["best"] in (0.0, 1.0)
+    held_out = {tuple(k) for k in calibration["calibration_prompts"]}
+    assert len(held_out) == 2  # one per dataset (10%, at least one)
+    evaluated = {(r["dataset"], r["prompt_id"]) for r in read_records(str(out / "records.jsonl"))}
+    assert not evaluated & held_out and len(evaluated) == 7 - 2
+    assert "calibrated" in (out / "report.md").read_text()
+    assert main(["calibrate", *model_args(setup, "--out", str(setup[0] / "cal"), "--grid", "0.5")]) == 0
+    assert "chosen Z_T = 0.5" in capsys.readouterr().out
