@@ -19,3 +19,4 @@ def test_readme_python_examples_run():
     gen = namespace["gen"]
     assert 0 < len(gen.token_ids) <= 64 and gen.cycles
     assert len(namespace["baseline"].token_ids) <= 64
+    assert namespace["paired"]["delta"] == 1.5

@@ -3,7 +3,7 @@ the same prompts (each later run against the first), per dataset, with a Holm co
 over the whole family of comparisons."""
 import os
 
-from ..eval.metrics import holm, paired_delta_tau
+from ..eval.metrics import holm, paired_delta_tau, spearman, summarize
 from ..eval.records import read_records
 
 
@@ -43,24 +43,47 @@ def compare_runs(runs, *, alpha=0.05, eos_only=True, n_boot=2000, seed=0):
             rows.append(dict(run=run, dataset=name, **out))
     for row, rejected in zip(rows, holm([r["p_value"] for r in rows], alpha)):
         row["significant"] = rejected
+        # the baseline's ceiling fraction on that dataset: the indicator of how much a change can gain
+        row["baseline_ceiling"] = summarize([r for r in loaded[0] if r["dataset"] == row["dataset"]],
+                                            eos_only=eos_only, n_boot=1)["ceiling_fraction"]
     return rows
 
 
-def format_table(rows, baseline: str, alpha: float) -> str:
-    lines = [f"Paired delta tau against {baseline} (prompts that ended with EOS in both runs); "
+def ceiling_gain_correlation(rows):
+    """Spearman rho between the baseline's ceiling fraction and delta tau over the datasets
+    of each compared run (DBloom §6.1: the ceiling bin predicts the gain); None where fewer
+    than three datasets or a constant column make it undefined."""
+    out = {}
+    for run in dict.fromkeys(r["run"] for r in rows):
+        mine = [r for r in rows if r["run"] == run]
+        try:
+            out[run] = spearman([r["baseline_ceiling"] for r in mine], [r["delta"] for r in mine]) \
+                if len(mine) >= 3 else None
+        except ValueError:
+            out[run] = None
+    return out
+
+
+def format_table(rows, baseline: str, alpha: float, eos_only: bool = True) -> str:
+    scope = "prompts that ended with EOS in both runs" if eos_only else "every shared prompt"
+    lines = [f"Paired delta tau against {baseline} ({scope}); "
              f"Holm step-down over all {len(rows)} comparisons at alpha = {alpha}.", "",
-             "| run | dataset | delta tau | 95% CI | p-value | prompts | Holm |", "| --- | --- | ---: | --- | ---: | ---: | --- |"]
+             "| run | dataset | delta tau | 95% CI | p-value | prompts | Holm | baseline ceiling |",
+             "| --- | --- | ---: | --- | ---: | ---: | --- | ---: |"]
     for r in rows:
         verdict = ("significant +" if r["delta"] > 0 else "significant -") if r["significant"] else "ns"
         lines.append(f"| {r['run']} | {r['dataset']} | {r['delta']:+.3f} | [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}] | "
-                     f"{r['p_value']:.4f} | {r['n']} | {verdict} |")
+                     f"{r['p_value']:.4f} | {r['n']} | {verdict} | {100 * r['baseline_ceiling']:.1f}% |")
+    for run, rho in ceiling_gain_correlation(rows).items():
+        if rho is not None:
+            lines.append(f"\nSpearman rho (baseline ceiling fraction vs delta tau over datasets) for {run}: {rho:+.2f}")
     return "\n".join(lines)
 
 
 def run(args) -> int:
     rows = compare_runs(args.runs, alpha=args.alpha, eos_only=not args.all_responses, n_boot=args.n_boot,
                         seed=args.seed)
-    table = format_table(rows, args.runs[0], args.alpha)
+    table = format_table(rows, args.runs[0], args.alpha, eos_only=not args.all_responses)
     print(table)
     if args.out:
         with open(args.out, "w") as f:
