@@ -1,0 +1,1 @@
+"""Drafter training: data generation, losses, the training mask and the trainer."""

@@ -1,0 +1,192 @@
+"""Training objectives of the drafter (DBLast §2, §3.2: Eq 7, 8, 10-12, 14-16).
+
+Every loss takes per-branch log-probabilities of the label tokens, so none needs the full
+vocabulary at once (`gather_branch_logprobs` produces them in chunks). Shapes: `...` is any
+number of leading (block) dimensions, b the draft positions of a block, K the branches.
+
+Masks: a block's valid positions are its leading unmasked ones (a block that runs past the
+end of a response is cut there); masked positions contribute nothing.
+
+Reduction, the same for all: the mean over blocks (every leading dimension) of the
+per-block value, where the per-block value is the paper's expression (Eq 7 and 8 sum over
+the block's positions, Eq 15 over the retained prefixes). Optional `position_weights` [b]
+scale each position's term (Eq 7, 8) or each prefix term l (Eq 15): DBloom's flat step
+(`flat_step_weights`) or an exponential decay (`decay_weights`).
+"""
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+AL_VARIANTS = ("all_prefixes", "one_prefix", "whole_block")
+
+
+def valid_positions(mask: torch.Tensor) -> torch.Tensor:
+    """The leading unmasked positions of each block, as a float mask of the same shape."""
+    return torch.cumprod(mask.to(torch.float64) > 0, dim=-1).to(torch.float32)
+
+
+def _weights(position_weights: Optional[torch.Tensor], b: int, like: torch.Tensor) -> torch.Tensor:
+    if position_weights is None:
+        return torch.ones(b, dtype=like.dtype, device=like.device)
+    if position_weights.shape != (b,):
+        raise ValueError(f"position_weights must have shape ({b},), got {tuple(position_weights.shape)}")
+    return position_weights.to(like.dtype).to(like.device)
+
+
+def _check_mask(mask: torch.Tensor, shape, name: str) -> None:
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"mask must have shape {tuple(shape)} (the blocks' positions), got {tuple(mask.shape)}"
+                         f" for {name}")
+
+
+def nll_independent(token_logprobs: torch.Tensor, mask: torch.Tensor,
+                    position_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Eq 7: -sum_i log q_i(x*_i | y) per block (token_logprobs [..., b]), mean over blocks."""
+    _check_mask(mask, token_logprobs.shape, "token_logprobs")
+    w = _weights(position_weights, token_logprobs.shape[-1], token_logprobs)
+    per_block = -(token_logprobs * valid_positions(mask).to(token_logprobs.dtype) * w).sum(-1)
+    return per_block.mean()
+
+
+def nll_mixture(prior_logits: torch.Tensor, branch_token_logprobs: torch.Tensor, mask: torch.Tensor,
+                position_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Eq 8: -log sum_z pi_z prod_i q_i(x*_i | y, z) per block (prior_logits [..., K],
+    branch_token_logprobs [..., K, b]), mean over blocks. K = 1 is Eq 7."""
+    if branch_token_logprobs.shape[:-1] != prior_logits.shape:
+        raise ValueError(f"branch_token_logprobs {tuple(branch_token_logprobs.shape)} must be [..., K, b] with "
+                         f"[..., K] = prior_logits' shape {tuple(prior_logits.shape)}")
+    _check_mask(mask, branch_token_logprobs.shape[:-2] + branch_token_logprobs.shape[-1:], "branch_token_logprobs")
+    w = _weights(position_weights, branch_token_logprobs.shape[-1], branch_token_logprobs)
+    valid = valid_positions(mask).to(branch_token_logprobs.dtype).unsqueeze(-2)
+    per_branch = (branch_token_logprobs * valid * w).sum(-1)                 # [..., K]
+    per_block = -torch.logsumexp(F.log_softmax(prior_logits.to(per_branch.dtype), -1) + per_branch, dim=-1)
+    return per_block.mean()
+
+
+def mixture_prefix_logprobs(prior_logits: torch.Tensor, branch_token_logprobs: torch.Tensor) -> torch.Tensor:
+    """log q(x_1:l | y) = log sum_z pi_z prod_{j<=l} q_j(x_j | y, z) for l = 1..b: [..., b].
+    Differences of consecutive entries are the soft-mixture conditionals of Eq 10-12 (the
+    posterior-updated mixture)."""
+    log_prior = F.log_softmax(prior_logits.to(branch_token_logprobs.dtype), -1).unsqueeze(-1)
+    return torch.logsumexp(log_prior + torch.cumsum(branch_token_logprobs, -1), dim=-2)
+
+
+def accepted_length_surrogate(prior_logits: torch.Tensor, branch_token_logprobs: torch.Tensor,
+                              target_logprobs: torch.Tensor, mask: torch.Tensor, *, tau: float = 0.1,
+                              variant: str = "all_prefixes",
+                              position_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The negative of Eq 15 (the loss of Eq 16), mean over blocks.
+
+    On a target-sampled block x_1:b with target log-probs log p(x_j | y, x_<j)
+    (target_logprobs [..., b], under the same filter that sampled it): q_j is the
+    soft-mixture conditional, A_j = min(1, p_j / q_j), r_l = q(x_1:l) / p(x_1:l),
+    S_l = sum_{i<=l} prod_{j<=i} A_j. l_tau is the first l with r_l < tau (else the last
+    valid position); membership carries no gradient. Per block:
+      all_prefixes: sum_{l <= l_tau} (log r_l + log S_l)
+      one_prefix:   log r_{l_tau} + log S_{l_tau}
+      whole_block:  log r_b + log S_b   (b = the last valid position)
+    Computed in log space throughout, so finite for any finite input."""
+    if variant not in AL_VARIANTS:
+        raise ValueError(f"variant must be one of {AL_VARIANTS}, got {variant!r}")
+    if not tau >= 0:
+        raise ValueError(f"tau must be >= 0, got {tau}")
+    if branch_token_logprobs.shape[:-1] != prior_logits.shape:
+        raise ValueError(f"branch_token_logprobs {tuple(branch_token_logprobs.shape)} must be [..., K, b] with "
+                         f"[..., K] = prior_logits' shape {tuple(prior_logits.shape)}")
+    block_shape = branch_token_logprobs.shape[:-2] + branch_token_logprobs.shape[-1:]
+    if tuple(target_logprobs.shape) != tuple(block_shape):
+        raise ValueError(f"target_logprobs must have shape {tuple(block_shape)}, got {tuple(target_logprobs.shape)}")
+    _check_mask(mask, block_shape, "target_logprobs")
+    dtype = torch.promote_types(branch_token_logprobs.dtype, torch.float32)
+    lq_prefix = mixture_prefix_logprobs(prior_logits.to(dtype), branch_token_logprobs.to(dtype))  # [..., b]
+    lq_cond = torch.cat([lq_prefix[..., :1], lq_prefix[..., 1:] - lq_prefix[..., :-1]], dim=-1)
+    lp = target_logprobs.to(dtype)
+    log_accept = torch.clamp(lp - lq_cond, max=0.0)                  # log A_j
+    log_r = lq_prefix - torch.cumsum(lp, -1)                          # log r_l
+    log_s = torch.logcumsumexp(torch.cumsum(log_accept, -1), dim=-1)  # log S_l
+    terms = log_r + log_s
+
+    valid = valid_positions(mask).to(torch.bool)
+    n_valid = valid.sum(-1)                                           # [...]
+    positions = torch.arange(1, terms.shape[-1] + 1, device=terms.device)
+    with torch.no_grad():  # the retained set is a selection rule, not differentiated
+        below = (log_r < math.log(tau)) & valid if tau > 0 else torch.zeros_like(valid)
+        first_below = torch.where(below, positions, terms.shape[-1] + 1).amin(-1)
+        l_tau = torch.minimum(first_below, n_valid)                   # 0 for a block with no valid position
+        if variant == "all_prefixes":
+            keep = positions <= l_tau.unsqueeze(-1)
+        elif variant == "one_prefix":
+            keep = positions == l_tau.unsqueeze(-1)
+        else:
+            keep = positions == n_valid.unsqueeze(-1)
+    w = _weights(position_weights, terms.shape[-1], terms)
+    per_block = (torch.where(keep, terms, torch.zeros_like(terms)) * w).sum(-1)
+    return -per_block.mean()
+
+
+def flat_step_weights(num_draft: int, boundary: int, weight: float) -> torch.Tensor:
+    """DBloom's flat step: 1 at draft positions (block offsets) 1..boundary-1, `weight` at
+    boundary..num_draft (the positions a block expansion adds), no decay."""
+    if boundary < 1:
+        raise ValueError(f"boundary must be >= 1, got {boundary}")
+    offsets = torch.arange(1, num_draft + 1)
+    return torch.where(offsets >= boundary, torch.tensor(float(weight)), torch.tensor(1.0))
+
+
+def decay_weights(num_draft: int, gamma: float) -> torch.Tensor:
+    """gamma^(k-1) at draft position k: the front of the block, where acceptance is decided,
+    weighs most."""
+    if not 0 < gamma <= 1:
+        raise ValueError(f"gamma must lie in (0, 1], got {gamma}")
+    return gamma ** torch.arange(num_draft, dtype=torch.float32)
+
+
+def _chunk_label_logprobs(hidden, labels, lm_head_weight, expander_weight, expander_bias):
+    rows, width = hidden.shape
+    if expander_weight is not None:
+        branches = expander_weight.shape[0] // width
+        states = hidden.unsqueeze(1) + F.linear(hidden, expander_weight, expander_bias).view(rows, branches, width)
+    else:
+        states = hidden.unsqueeze(1)
+    logits = F.linear(states.to(lm_head_weight.dtype), lm_head_weight).float()  # [rows, K, V] for this chunk only
+    picked = logits.gather(-1, labels.view(rows, 1, 1).expand(rows, states.shape[1], 1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def gather_branch_logprobs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor,
+                           expander_weight: Optional[torch.Tensor] = None,
+                           expander_bias: Optional[torch.Tensor] = None, *, chunk_size: int = 1024,
+                           vocab_size: Optional[int] = None) -> torch.Tensor:
+    """log softmax(W h_z)[label] for every row and branch: hidden [..., H], labels [...],
+    lm_head_weight [V, H], expander Linear(H -> K*H) giving h_z = h + W_z h + b_z. Returns
+    [..., K] (K = 1 without an expander), float32. Runs `chunk_size` rows at a time under
+    activation checkpointing, so forward and backward hold one chunk's [chunk, K, V] logits,
+    never the whole [rows, K, V]; differentiable in hidden and the expander (and the LM head
+    if it requires grad). `vocab_size` drops padded LM-head rows."""
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+    width = hidden.shape[-1]
+    if lm_head_weight.dim() != 2 or lm_head_weight.shape[1] != width:
+        raise ValueError(f"lm_head_weight must be [V, {width}], got {tuple(lm_head_weight.shape)}")
+    if labels.shape != hidden.shape[:-1]:
+        raise ValueError(f"labels must have shape {tuple(hidden.shape[:-1])}, got {tuple(labels.shape)}")
+    if expander_weight is not None and (expander_weight.dim() != 2 or expander_weight.shape[1] != width
+                                        or expander_weight.shape[0] % width):
+        raise ValueError(f"expander_weight must be [K*{width}, {width}], got {tuple(expander_weight.shape)}")
+    weight = lm_head_weight[:vocab_size] if vocab_size is not None else lm_head_weight
+    if labels.numel() and (labels.min() < 0 or labels.max() >= weight.shape[0]):
+        raise ValueError(f"labels must lie in [0, {weight.shape[0]}), got [{int(labels.min())}, {int(labels.max())}]")
+    flat_hidden, flat_labels = hidden.reshape(-1, width), labels.reshape(-1)
+    pieces = []
+    for start in range(0, flat_hidden.shape[0], chunk_size):
+        args = (flat_hidden[start:start + chunk_size], flat_labels[start:start + chunk_size], weight,
+                expander_weight, expander_bias)
+        needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
+        pieces.append(checkpoint(_chunk_label_logprobs, *args, use_reentrant=False) if needs_grad
+                      else _chunk_label_logprobs(*args))
+    branches = pieces[0].shape[-1] if pieces else (expander_weight.shape[0] // width if expander_weight is not None else 1)
+    out = torch.cat(pieces) if pieces else hidden.new_zeros(0, branches, dtype=torch.float32)
+    return out.view(*hidden.shape[:-1], branches)

@@ -1,0 +1,206 @@
+"""Training losses against direct hand computations, finite differences and the unchunked
+LM-head computation."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dblast_ext.training.losses import (accepted_length_surrogate, decay_weights, flat_step_weights,
+                                        gather_branch_logprobs, nll_independent, nll_mixture)
+from peak_memory import peak_extra_bytes, supported
+
+
+def random_case(seed, blocks=3, K=4, b=5, spread=1.0):
+    g = torch.Generator().manual_seed(seed)
+    prior = torch.randn(blocks, K, generator=g, dtype=torch.float64)
+    branch = -torch.rand(blocks, K, b, generator=g, dtype=torch.float64) * 3 * spread
+    target = -torch.rand(blocks, b, generator=g, dtype=torch.float64) * 2 * spread
+    return prior, branch, target
+
+
+def valid_length(row):
+    n = 0
+    for m in row:
+        if not m:
+            break
+        n += 1
+    return n
+
+
+def test_nll_independent_by_hand_with_leading_valid_positions():
+    lp = torch.tensor([[-1.0, -2.0, -3.0, -4.0], [-0.5, -0.5, -0.5, -0.5]])
+    mask = torch.tensor([[1, 1, 0, 1], [1, 1, 1, 1]])  # the first block's valid positions: 1, 2
+    assert nll_independent(lp, mask).item() == pytest.approx(((1 + 2) + 2.0) / 2)
+    w = flat_step_weights(4, boundary=3, weight=3.0)
+    assert w.tolist() == [1, 1, 3, 3]
+    assert nll_independent(lp, mask, w).item() == pytest.approx(((1 + 2) + (0.5 + 0.5 + 1.5 + 1.5)) / 2)
+
+
+def test_nll_mixture_by_hand_and_k1_equals_independent():
+    prior, branch, _ = random_case(0)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 1, 1, 1]])
+    expected = 0.0
+    for n in range(3):
+        pi = torch.softmax(prior[n], -1)
+        m = valid_length(mask[n].tolist())
+        expected += -math.log(sum(float(pi[z]) * math.exp(float(branch[n, z, :m].sum())) for z in range(4)))
+    assert nll_mixture(prior, branch, mask).item() == pytest.approx(expected / 3, rel=1e-12)
+    one = branch[:, :1]
+    assert nll_mixture(prior[:, :1], one, mask).item() == pytest.approx(nll_independent(one[:, 0], mask).item())
+
+
+def al_by_hand(prior, branch, target, mask, tau, variant):
+    """Eq 10-12 by the posterior update, Eq 14-15 in probability space, one block at a time."""
+    blocks, K, b = branch.shape
+    total = 0.0
+    for n in range(blocks):
+        m = valid_length(mask[n].tolist())
+        post = torch.softmax(prior[n], -1).tolist()
+        q_prefix = p_prefix = 1.0
+        survive, s, terms, log_r = 1.0, 0.0, [], []
+        for i in range(m):
+            qi = sum(post[z] * math.exp(float(branch[n, z, i])) for z in range(K))
+            pi = math.exp(float(target[n, i]))
+            post = [post[z] * math.exp(float(branch[n, z, i])) / qi for z in range(K)]  # Eq 11
+            q_prefix, p_prefix = q_prefix * qi, p_prefix * pi
+            survive *= min(1.0, pi / qi)
+            s += survive
+            log_r.append(math.log(q_prefix / p_prefix))
+            terms.append(math.log(q_prefix / p_prefix) + math.log(s))
+        if m == 0:
+            continue
+        below = [l for l in range(m) if tau > 0 and log_r[l] < math.log(tau)]
+        l_tau = below[0] if below else m - 1
+        if variant == "all_prefixes":
+            total += sum(terms[: l_tau + 1])
+        elif variant == "one_prefix":
+            total += terms[l_tau]
+        else:
+            total += terms[m - 1]
+    return -total / blocks
+
+
+@pytest.mark.parametrize("variant", ["all_prefixes", "one_prefix", "whole_block"])
+@pytest.mark.parametrize("tau", [0.0, 0.1, 0.5, 1e9])
+def test_accepted_length_surrogate_by_hand(variant, tau):
+    for seed in range(4):
+        prior, branch, target = random_case(seed, spread=0.6)
+        mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 1], [0, 1, 1, 1, 1]])
+        got = accepted_length_surrogate(prior, branch, target, mask, tau=tau, variant=variant).item()
+        assert got == pytest.approx(al_by_hand(prior, branch, target, mask, tau, variant), rel=1e-10, abs=1e-12)
+
+
+def test_surrogate_variants_coincide_where_the_paper_says():
+    prior, branch, target = random_case(7)
+    mask = torch.ones(3, 5)
+    args = (prior, branch, target, mask)
+    # tau = 0 keeps every prefix: one_prefix is then the whole block
+    assert accepted_length_surrogate(*args, tau=0, variant="one_prefix").item() == pytest.approx(
+        accepted_length_surrogate(*args, tau=0, variant="whole_block").item())
+    # a huge tau stops at the first prefix: all_prefixes keeps only l = 1
+    assert accepted_length_surrogate(*args, tau=1e9, variant="all_prefixes").item() == pytest.approx(
+        accepted_length_surrogate(*args, tau=1e9, variant="one_prefix").item())
+
+
+def test_k1_surrogate_uses_the_independent_conditionals():
+    _, branch, target = random_case(3, K=1)
+    mask = torch.ones(3, 5)
+    got = accepted_length_surrogate(torch.zeros(3, 1, dtype=torch.float64), branch, target, mask, tau=0.0,
+                                    variant="whole_block")
+    log_a = torch.clamp(target - branch[:, 0], max=0)
+    log_s = torch.log(torch.exp(torch.cumsum(log_a, -1)).sum(-1))
+    expected = -((branch[:, 0] - target).sum(-1) + log_s).mean()
+    assert got.item() == pytest.approx(expected.item())
+
+
+@pytest.mark.parametrize("variant", ["all_prefixes", "one_prefix", "whole_block"])
+def test_gradients_match_finite_differences(variant):
+    prior, branch, target = random_case(11, blocks=2, K=3, b=4, spread=0.5)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    prior.requires_grad_(True)
+    branch.requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda p, q: accepted_length_surrogate(p, q, target, mask, tau=0.3, variant=variant), (prior, branch))
+    assert torch.autograd.gradcheck(lambda p, q: nll_mixture(p, q, mask), (prior, branch))
+    assert torch.autograd.gradcheck(lambda q: nll_independent(q[:, 0], mask, decay_weights(4, 0.8).double()),
+                                    (branch,))
+
+
+def test_losses_stay_finite_on_extreme_inputs():
+    prior = torch.tensor([[80.0, -80.0, 0.0]], requires_grad=True)
+    branch = torch.tensor([[[-1e4, -3.0, -2e3], [-0.0, -5e3, -1e-9], [-50.0, -50.0, -50.0]]], requires_grad=True)
+    target = torch.tensor([[-1e-7, -9e3, -30.0]])
+    for variant in ("all_prefixes", "one_prefix", "whole_block"):
+        loss = accepted_length_surrogate(prior, branch, target, torch.ones(1, 3), variant=variant)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(prior.grad).all() and torch.isfinite(branch.grad).all()
+    assert torch.isfinite(nll_mixture(prior, branch, torch.ones(1, 3)))
+
+
+def test_bad_shapes_and_settings_fail_clearly():
+    prior, branch, target = random_case(0)
+    with pytest.raises(ValueError, match="variant"):
+        accepted_length_surrogate(prior, branch, target, torch.ones(3, 5), variant="prefix")
+    with pytest.raises(ValueError, match="target_logprobs"):
+        accepted_length_surrogate(prior, branch, target[:, :4], torch.ones(3, 5))
+    with pytest.raises(ValueError, match="mask"):
+        nll_independent(target, torch.ones(3, 4))
+    with pytest.raises(ValueError, match="prior_logits"):
+        nll_mixture(prior[:, :2], branch, torch.ones(3, 5))
+    with pytest.raises(ValueError, match="position_weights"):
+        nll_independent(target, torch.ones(3, 5), torch.ones(4))
+
+
+def direct_logprobs(hidden, lm_head, labels, ew=None, eb=None):
+    states = hidden.unsqueeze(-2)
+    if ew is not None:
+        K = ew.shape[0] // hidden.shape[-1]
+        states = states + (hidden @ ew.T + eb).view(*hidden.shape[:-1], K, hidden.shape[-1])
+    logp = torch.log_softmax(states @ lm_head.T, -1)
+    return logp.gather(-1, labels[..., None, None].expand(*labels.shape, states.shape[-2], 1)).squeeze(-1)
+
+
+@pytest.mark.parametrize("branches", [1, 4])
+def test_gather_branch_logprobs_equals_the_unchunked_computation(branches):
+    g = torch.Generator().manual_seed(0)
+    H, V = 16, 50
+    hidden = torch.randn(2, 7, H, generator=g, requires_grad=True)
+    lm_head = torch.randn(V + 6, H, generator=g) / 4  # 6 padded rows, dropped by vocab_size
+    labels = torch.randint(0, V, (2, 7), generator=g)
+    ew = (torch.randn(branches * H, H, generator=g) * 0.2).requires_grad_() if branches > 1 else None
+    eb = (torch.randn(branches * H, generator=g) * 0.1).requires_grad_() if branches > 1 else None
+    got = gather_branch_logprobs(hidden, lm_head, labels, ew, eb, chunk_size=3, vocab_size=V)
+    want = direct_logprobs(hidden, lm_head[:V], labels, ew, eb)
+    assert got.shape == (2, 7, branches)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    params = [t for t in (hidden, ew, eb) if t is not None]
+    weights = torch.randn(got.shape, generator=g)
+    grads_got = torch.autograd.grad((got * weights).sum(), params)
+    grads_want = torch.autograd.grad((want * weights).sum(), params)
+    for a, b in zip(grads_got, grads_want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not supported(), reason="peak memory is read from /proc on Linux")
+def test_gather_branch_logprobs_memory_is_bounded_by_the_chunk():
+    g = torch.Generator().manual_seed(0)
+    rows, K, H, V = 256, 4, 32, 20000
+    hidden = torch.randn(rows, H, generator=g, requires_grad=True)
+    lm_head = torch.randn(V, H, generator=g) / 6
+    labels = torch.randint(0, V, (rows,), generator=g)
+    ew, eb = torch.randn(K * H, H, generator=g) * 0.1, torch.zeros(K * H)
+    full_logits = rows * K * V * 4
+
+    def step(chunk):
+        hidden.grad = None
+        gather_branch_logprobs(hidden, lm_head, labels, ew, eb, chunk_size=chunk).sum().backward()
+
+    chunk = 16
+    chunked = peak_extra_bytes(lambda: step(chunk))
+    whole = peak_extra_bytes(lambda: step(rows))
+    chunk_logits = chunk * K * V * 4
+    # forward and backward of one chunk: its logits, their softmax and gradient, a few copies
+    assert chunked <= 6 * chunk_logits, f"chunked peaked at {chunked / 1e6:.1f} MB, chunk logits " \
+                                        f"{chunk_logits / 1e6:.1f} MB"
+    assert whole >= full_logits and chunked <= whole / 4, (chunked, whole)
