@@ -87,9 +87,13 @@ def tiny_tokenizer(vocab_size: int = VOCAB, eos_id: int = 1):
                                    chat_template=CHAT_TEMPLATE)
 
 
-def write_tiny_target_dir(path, family: str = "qwen3", eos_id: int = 1, **kwargs) -> str:
-    """A tiny random target saved like a Hugging Face model directory, tokenizer included."""
+def write_tiny_target_dir(path, family: str = "qwen3", eos_id: int = 1, logit_scale: float = 1.0, **kwargs) -> str:
+    """A tiny random target saved like a Hugging Face model directory, tokenizer included.
+    `logit_scale` multiplies the LM head: a random model's next-token distributions are
+    nearly uniform, a scaled one has structure a drafter can learn."""
     model = tiny_target(family, **kwargs)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
     model.generation_config.eos_token_id = eos_id
     model.save_pretrained(path)
     tiny_tokenizer(model.config.vocab_size, eos_id).save_pretrained(path)

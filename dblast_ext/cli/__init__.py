@@ -4,10 +4,10 @@ import argparse
 import sys
 from typing import List, Optional
 
-from . import calibrate, compare, diagnose, evaluate, generate
+from . import calibrate, compare, data, diagnose, evaluate, generate, train
 
 SUBCOMMANDS = {"generate": generate, "eval": evaluate, "calibrate": calibrate, "compare": compare,
-               "diagnose": diagnose}
+               "diagnose": diagnose, "train": train, "data": data}
 
 
 def build_parser() -> argparse.ArgumentParser:

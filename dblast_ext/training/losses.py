@@ -190,3 +190,17 @@ def gather_branch_logprobs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, l
     branches = pieces[0].shape[-1] if pieces else (expander_weight.shape[0] // width if expander_weight is not None else 1)
     out = torch.cat(pieces) if pieces else hidden.new_zeros(0, branches, dtype=torch.float32)
     return out.view(*hidden.shape[:-1], branches)
+
+
+@torch.no_grad()
+def accepted_length_proxy(prior_logits: torch.Tensor, branch_token_logprobs: torch.Tensor,
+                          target_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A cheap acceptance estimate for progress bars: S_b = sum_l prod_{j<=l} A_j of the
+    soft-mixture proposal on the target-sampled blocks (valid positions only), mean over
+    blocks. It rises as the drafter's conditionals cover the target's."""
+    dtype = torch.promote_types(branch_token_logprobs.dtype, torch.float32)
+    lq_prefix = mixture_prefix_logprobs(prior_logits.to(dtype), branch_token_logprobs.to(dtype))
+    lq_cond = torch.cat([lq_prefix[..., :1], lq_prefix[..., 1:] - lq_prefix[..., :-1]], dim=-1)
+    log_accept = torch.clamp(target_logprobs.to(dtype) - lq_cond, max=0.0)
+    survive = torch.exp(torch.cumsum(log_accept, -1)) * valid_positions(mask).to(dtype)
+    return survive.sum(-1).mean()

@@ -1,0 +1,71 @@
+"""The drafter's training forward: many blocks of one sequence in a single pass.
+
+A block starts at an anchor a (a committed token): positions a..a+B-1 hold [x_a, mask x (B-1)]
+and position k predicts x_{a+k}. Its queries see the context features strictly before the
+anchor (the last `window` of them in sliding-window layers), their own block in both
+directions, and no other block: the attention the inference pass has after committing
+x_0..x_a (DESIGN.md, Drafter), so one training pass serves M blocks. The mask is dense
+and goes through scaled_dot_product_attention on every device.
+"""
+from typing import Dict
+
+import torch
+import torch.nn.functional as F
+
+from ..drafter import DBlastDrafter, rotary_tables
+
+
+def training_attention_mask(anchors: torch.Tensor, context_len: int, block_size: int,
+                            window: int = -1) -> torch.Tensor:
+    """Boolean [N, M*B, T + M*B] (True = visible) for anchors [N, M] over T context features:
+    query (m, k) sees context key t iff t < a_m (and t >= a_m - window when window > 0), and
+    block key (m', k') iff m' == m."""
+    rows, blocks = anchors.shape
+    device = anchors.device
+    query_anchor = anchors.repeat_interleave(block_size, dim=1)[:, :, None]           # [N, M*B, 1]
+    t = torch.arange(context_len, device=device)[None, None, :]
+    context = t < query_anchor
+    if window > 0:
+        context &= t >= query_anchor - window
+    block_of = torch.arange(blocks, device=device).repeat_interleave(block_size)
+    own = (block_of[:, None] == block_of[None, :]).expand(rows, -1, -1)
+    return torch.cat([context, own], dim=-1)
+
+
+def block_inputs(drafter: DBlastDrafter, embed, input_ids: torch.Tensor, anchors: torch.Tensor) -> Dict:
+    """Block embeddings [N, M*B, H] ([x_a, mask...] per anchor) and their absolute positions."""
+    block = drafter.config.block_size
+    rows, blocks = anchors.shape
+    tokens = torch.full((rows, blocks, block), drafter.config.mask_token_id, dtype=torch.long,
+                        device=input_ids.device)
+    tokens[:, :, 0] = input_ids.gather(1, anchors)
+    positions = anchors[:, :, None] + torch.arange(block, device=anchors.device)
+    return {"embeddings": embed(tokens.view(rows, blocks * block)), "positions": positions.view(rows, blocks * block)}
+
+
+def drafter_block_hidden(drafter: DBlastDrafter, block_embeddings: torch.Tensor, block_positions: torch.Tensor,
+                         context_features: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """Final-normed hidden states [N, M*B, H] of every block, differentiable (plain PyTorch)."""
+    c = drafter.config
+    rows, context_len = context_features.shape[:2]
+    dtype = drafter.fc.weight.dtype
+    context = drafter.hidden_norm(drafter.fc(context_features.to(dtype)))
+    ctx_positions = torch.arange(context_len, device=context.device).expand(rows, context_len)
+    ctx_rope = rotary_tables(ctx_positions, c.head_dim, c.rope_theta)
+    blk_rope = rotary_tables(block_positions, c.head_dim, c.rope_theta)
+    masks = {}
+    h = block_embeddings.to(dtype)
+    for i, layer in enumerate(drafter.layers):
+        window = c.window(i)
+        if window not in masks:
+            masks[window] = training_attention_mask(anchors, context_len, c.block_size, window)[:, None]
+        attn = layer.self_attn
+        k_ctx, v_ctx = attn.project_keys_values(context, ctx_rope)
+        x = layer.input_layernorm(h)
+        q = attn.project_queries(x, blk_rope)
+        k_blk, v_blk = attn.project_keys_values(x, blk_rope)
+        out = F.scaled_dot_product_attention(q, torch.cat([k_ctx, k_blk], 2), torch.cat([v_ctx, v_blk], 2),
+                                             attn_mask=masks[window], enable_gqa=attn.heads != attn.kv_heads)
+        h = h + attn.o_proj(out.transpose(1, 2).reshape(rows, h.shape[1], -1))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return drafter.norm(h)

@@ -1,0 +1,120 @@
+"""The training configuration: one JSON file, every field checked before anything loads.
+
+    {
+      "target": "path/to/target",            # local transformers causal LM
+      "data": "train.jsonl",                 # `dblast data generate` output
+      "eval_data": "heldout.jsonl",          # optional: loss and acceptance proxy at each checkpoint
+      "out": "runs/dblast-k4",
+      "init_from": "path/to/dflash",         # DFlash/DBLast checkpoint; null = from scratch ("drafter")
+      "drafter": {"num_hidden_layers": 1, "target_layer_ids": [1, 4], "mask_token_id": 97},
+      "num_branches": 4, "block_size": 16,
+      "objective": "al", "tau": 0.1, "al_variant": "all_prefixes",
+      "new_position_weight": 3.0,            # DBloom flat step on positions a block expansion adds
+      "num_anchors": 8, "batch_size": 4, "grad_accum": 1,
+      "lr": 6e-4, "weight_decay": 0.0, "warmup_ratio": 0.04, "max_grad_norm": 1.0,
+      "epochs": 1, "max_steps": null,
+      "save_every": 200, "log_every": 10, "seed": 0, "chunk_size": 1024,
+      "device": null, "dtype": "auto"
+    }
+"""
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from typing import Optional
+
+from .losses import AL_VARIANTS
+
+
+@dataclass
+class TrainConfig:
+    target: str
+    data: str
+    out: str
+    init_from: Optional[str] = None
+    eval_data: Optional[str] = None
+    drafter: dict = field(default_factory=dict)
+    num_branches: Optional[int] = None
+    block_size: Optional[int] = None
+    allow_smaller_block: bool = False
+    objective: str = "nll"
+    tau: float = 0.1
+    al_variant: str = "all_prefixes"
+    new_position_weight: float = 1.0
+    decay: Optional[float] = None
+    num_anchors: int = 8
+    batch_size: int = 4
+    grad_accum: int = 1
+    lr: float = 6e-4
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.04
+    max_grad_norm: float = 1.0
+    epochs: int = 1
+    max_steps: Optional[int] = None
+    save_every: int = 200
+    log_every: int = 10
+    seed: int = 0
+    chunk_size: int = 1024
+    device: Optional[str] = None
+    dtype: str = "auto"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _positive(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"training config: {name} must be a positive integer, got {value!r}")
+
+
+def validate(c: TrainConfig) -> TrainConfig:
+    for name in ("num_anchors", "batch_size", "grad_accum", "epochs", "save_every", "log_every", "chunk_size"):
+        _positive(name, getattr(c, name))
+    if c.max_steps is not None:
+        _positive("max_steps", c.max_steps)
+    if c.num_branches is not None:
+        _positive("num_branches", c.num_branches)
+    if c.block_size is not None and (not isinstance(c.block_size, int) or c.block_size < 2):
+        raise ValueError(f"training config: block_size must be an integer >= 2, got {c.block_size!r}")
+    if c.objective not in ("nll", "al"):
+        raise ValueError(f"training config: objective must be 'nll' or 'al', got {c.objective!r}")
+    if c.al_variant not in AL_VARIANTS:
+        raise ValueError(f"training config: al_variant must be one of {AL_VARIANTS}, got {c.al_variant!r}")
+    if not c.tau >= 0:
+        raise ValueError(f"training config: tau must be >= 0, got {c.tau}")
+    if not c.lr > 0 or c.weight_decay < 0 or not 0 <= c.warmup_ratio < 1 or not c.max_grad_norm > 0:
+        raise ValueError("training config: need lr > 0, weight_decay >= 0, 0 <= warmup_ratio < 1, max_grad_norm > 0")
+    if c.new_position_weight <= 0 or (c.decay is not None and not 0 < c.decay <= 1):
+        raise ValueError("training config: new_position_weight must be > 0 and decay in (0, 1]")
+    if not os.path.isdir(c.target):
+        raise FileNotFoundError(f"training config: target {c.target!r} is not a local directory")
+    for name in ("data", "eval_data"):
+        path = getattr(c, name)
+        if path is not None and not os.path.isfile(path):
+            raise FileNotFoundError(f"training config: {name} file {path!r} does not exist "
+                                    "(make it with `dblast data generate`)")
+    if c.init_from is None:
+        missing = [k for k in ("mask_token_id",) if k not in c.drafter]
+        if missing:
+            raise ValueError(f"training config: training from scratch (init_from null) needs drafter.{missing[0]}")
+    elif not os.path.isdir(c.init_from):
+        raise FileNotFoundError(f"training config: init_from {c.init_from!r} is not a local directory")
+    return c
+
+
+def load_config(path: str, **overrides) -> TrainConfig:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no training config at {path}")
+    with open(path) as f:
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+    known = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown training config fields {unknown}; known: {sorted(known)}")
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    missing = [k for k in ("target", "data", "out") if k not in raw]
+    if missing:
+        raise ValueError(f"{path}: training config lacks {missing}")
+    return validate(TrainConfig(**raw))

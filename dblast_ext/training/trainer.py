@@ -1,0 +1,274 @@
+"""The drafter trainer (online mode): the frozen target makes each batch's context features in
+inference mode, the drafter trains on `num_anchors` blocks per sequence.
+
+Everything a step uses is a function of (seed, step): the data order (a seeded permutation
+per epoch) and the anchors (a generator seeded per micro-batch), so a run resumed from a
+checkpoint (drafter weights + optimizer + scheduler) continues exactly as if it had never
+stopped. Checkpoints are DFlash-compatible drafter directories (`load_drafter` reads them)
+with the trainer state beside the weights. Under `torchrun`, every process takes its own
+share of each step's batch and gradients are averaged across processes before the update.
+"""
+import glob
+import json
+import math
+import os
+import time
+import zlib
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+from ..decoding import TargetAdapter
+from ..drafter import DBlastDrafter, DrafterConfig
+from ..drafter_io import load_drafter, save_pretrained
+from ..target_loading import default_device, load_target
+from .config import TrainConfig
+from .data import read_training_data
+from .losses import decay_weights, flat_step_weights
+from .objective import batch_loss, collate, target_features
+
+STATE_FILE = "trainer_state.pt"
+
+
+def default_target_layers(num_target_layers: int, num_draft_layers: int) -> List[int]:
+    """Evenly spread target layers from the second to the fourth-from-last (the DFlash layout)."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    first, last = 1, max(1, num_target_layers - 3)
+    return [round(first + i * (last - first) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def _seed(*parts) -> int:
+    return zlib.crc32("/".join(str(p) for p in parts).encode())
+
+
+def build_drafter(config: TrainConfig, target) -> (DBlastDrafter, Optional[int]):
+    """The drafter to train and the block size its checkpoint was trained at (None from scratch)."""
+    generator = torch.Generator().manual_seed(_seed(config.seed, "branch-head"))
+    if config.init_from is not None:
+        drafter = load_drafter(config.init_from, target=target)
+        trained_block = drafter.config.block_size
+        if config.num_branches is not None and config.num_branches != drafter.num_branches:
+            if drafter.num_branches != 1:
+                raise ValueError(f"init_from has {drafter.num_branches} branches; num_branches "
+                                 f"{config.num_branches} needs a K = 1 (DFlash) checkpoint to add a head to")
+            drafter.add_branch_head(config.num_branches, generator=generator)
+        if config.block_size is not None:
+            if config.block_size < trained_block and not config.allow_smaller_block:
+                raise ValueError(f"block_size {config.block_size} is below the checkpoint's {trained_block}: "
+                                 "set allow_smaller_block to train a shorter block on purpose")
+            drafter.config.block_size = config.block_size
+        return drafter.float(), trained_block
+    tc = target.config
+    spec = dict(config.drafter)
+    layers = spec.pop("num_hidden_layers", 1)
+    heads = spec.pop("num_attention_heads", tc.num_attention_heads)
+    drafter_config = DrafterConfig(
+        hidden_size=tc.hidden_size, intermediate_size=spec.pop("intermediate_size", tc.intermediate_size),
+        num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=spec.pop("num_key_value_heads", getattr(tc, "num_key_value_heads", heads)),
+        head_dim=spec.pop("head_dim", getattr(tc, "head_dim", None) or tc.hidden_size // heads),
+        block_size=config.block_size or 16, num_target_layers=tc.num_hidden_layers,
+        target_layer_ids=spec.pop("target_layer_ids", default_target_layers(tc.num_hidden_layers, layers)),
+        mask_token_id=spec.pop("mask_token_id"), vocab_size=tc.vocab_size, rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
+        rope_theta=spec.pop("rope_theta", getattr(tc, "rope_theta", 1e6) or 1e6))
+    if spec:
+        raise ValueError(f"training config: unknown drafter fields {sorted(spec)}")
+    from ..drafter_io import check_against_target
+    check_against_target(drafter_config, tc)
+    torch.manual_seed(_seed(config.seed, "init"))
+    drafter = DBlastDrafter(drafter_config)
+    if config.num_branches and config.num_branches > 1:
+        drafter.add_branch_head(config.num_branches, generator=generator)
+    return drafter, None
+
+
+def position_weights(config: TrainConfig, num_draft: int, trained_block: Optional[int]) -> Optional[torch.Tensor]:
+    weights = torch.ones(num_draft)
+    if trained_block is not None and trained_block - 1 < num_draft and config.new_position_weight != 1.0:
+        weights = weights * flat_step_weights(num_draft, trained_block, config.new_position_weight)
+    if config.decay is not None:
+        weights = weights * decay_weights(num_draft, config.decay)
+    return None if torch.all(weights == 1) else weights
+
+
+def lr_factor(step: int, total: int, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to zero."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def latest_checkpoint(out: str) -> Optional[str]:
+    found = sorted(glob.glob(os.path.join(out, "checkpoint-*", STATE_FILE)))
+    return os.path.dirname(found[-1]) if found else None
+
+
+class _Distributed:
+    """torchrun: rank / world size from the environment, gradient averaging; one process otherwise."""
+
+    def __init__(self, device: str):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        if self.world > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+
+    def average_gradients(self, parameters) -> None:
+        if self.world == 1:
+            return
+        for p in parameters:
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= self.world
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+def _batch_indices(count: int, step: int, micro: int, config: TrainConfig, rank: int, world: int) -> List[int]:
+    """Record indices of one micro-batch: a seeded permutation per epoch, read in order."""
+    per_step = config.batch_size * config.grad_accum * world
+    start = step * per_step + (micro * world + rank) * config.batch_size
+    indices = []
+    for position in range(start, start + config.batch_size):
+        epoch, offset = divmod(position, count)
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(_seed(config.seed, "epoch", epoch)))
+        indices.append(int(order[offset]))
+    return indices
+
+
+def evaluate(drafter, target, records, config, weights, device) -> Dict[str, float]:
+    """Mean loss and acceptance proxy over held-out records (fixed anchors)."""
+    totals, blocks = {"loss": 0.0, "accepted_proxy": 0.0}, 0
+    with torch.no_grad():
+        for start in range(0, len(records), config.batch_size):
+            batch = collate(records[start:start + config.batch_size], device)
+            out = batch_loss(drafter, target, batch, objective=config.objective, num_anchors=config.num_anchors,
+                             generator=torch.Generator().manual_seed(_seed(config.seed, "eval", start)),
+                             tau=config.tau, al_variant=config.al_variant, position_weights=weights,
+                             chunk_size=config.chunk_size)
+            n = int(out["blocks"])
+            totals["loss"] += float(out["loss"]) * n
+            totals["accepted_proxy"] += float(out["accepted_proxy"]) * n
+            blocks += n
+    return {k: v / max(1, blocks) for k, v in totals.items()}
+
+
+def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[int] = None) -> Dict:
+    """Trains (or resumes training of) a drafter; returns the run's summary. `stop_at_step`
+    ends the run early after that step's checkpoint, as an interruption would."""
+    device = config.device or default_device()
+    parallel = _Distributed(device)
+    if parallel.world > 1 and device.startswith("cuda"):
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    os.makedirs(config.out, exist_ok=True)
+    target_model, _ = load_target(config.target, device=device, dtype=config.dtype)
+    target_model.requires_grad_(False)
+    drafter, trained_block = build_drafter(config, target_model)
+    drafter = drafter.to(device).float().train()
+    target = TargetAdapter(target_model, drafter.config.target_layer_ids)
+    records = read_training_data(config.data)
+    eval_records = read_training_data(config.eval_data) if config.eval_data else None
+    weights = position_weights(config, drafter.config.block_size - 1, trained_block)
+    if weights is not None:
+        weights = weights.to(device)
+    per_step = config.batch_size * config.grad_accum * parallel.world
+    total = config.max_steps or config.epochs * math.ceil(len(records) / per_step)
+    warmup = int(config.warmup_ratio * total)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, warmup))
+    start = 0
+    resume_from = latest_checkpoint(config.out)
+    if resume_from:
+        state = torch.load(os.path.join(resume_from, STATE_FILE), map_location=device, weights_only=False)
+        if state["config"] != config.to_json():
+            raise ValueError(f"{config.out} holds a run with another config; use another out directory")
+        drafter.load_state_dict(load_file(os.path.join(resume_from, "model.safetensors"), device=str(device)))
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        start = state["step"]
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") and config.dtype != "float32"
+                else torch.autocast("cpu", enabled=False))
+    bar = _progress(total, start, progress and parallel.rank == 0)
+    log_path = os.path.join(config.out, "train_log.jsonl")
+    history = []
+    for step in range(start, total):
+        started = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = proxy_sum = 0.0
+        for micro in range(config.grad_accum):
+            batch = collate([records[i] for i in _batch_indices(len(records), step, micro, config, parallel.rank,
+                                                                parallel.world)], device)
+            with autocast:
+                out = batch_loss(drafter, target, batch, objective=config.objective, num_anchors=config.num_anchors,
+                                 generator=torch.Generator().manual_seed(_seed(config.seed, step, micro, parallel.rank)),
+                                 tau=config.tau, al_variant=config.al_variant, position_weights=weights,
+                                 chunk_size=config.chunk_size)
+            (out["loss"] / config.grad_accum).backward()
+            loss_sum += float(out["loss"].detach()) / config.grad_accum
+            proxy_sum += float(out["accepted_proxy"]) / config.grad_accum
+        parallel.average_gradients(drafter.parameters())
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(drafter.parameters(), config.max_grad_norm))
+        optimizer.step()
+        scheduler.step()
+        entry = {"step": step + 1, "loss": loss_sum, "accepted_proxy": proxy_sum, "grad_norm": grad_norm,
+                 "lr": scheduler.get_last_lr()[0], "seconds": time.perf_counter() - started}
+        history.append(entry)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_sum:.3f}", accept=f"{proxy_sum:.2f}", lr=f"{entry['lr']:.1e}")
+        last = step + 1 == total or (stop_at_step is not None and step + 1 == stop_at_step)
+        if parallel.rank == 0 and ((step + 1) % config.log_every == 0 or last):
+            with open(log_path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+        if (step + 1) % config.save_every == 0 or last:
+            if parallel.rank == 0:
+                held_out = evaluate(drafter, target, eval_records, config, weights, device) if eval_records else None
+                save_checkpoint(drafter, optimizer, scheduler, config, step + 1, held_out)
+            parallel.barrier()
+        if stop_at_step is not None and step + 1 == stop_at_step:
+            break
+    bar.close()
+    finished = history[-1]["step"] if history else start
+    if parallel.rank == 0 and finished == total:
+        save_pretrained(drafter, os.path.join(config.out, "final"))
+    return {"steps": finished, "total_steps": total, "history": history,
+            "final": os.path.join(config.out, "final") if finished == total else None}
+
+
+def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out) -> str:
+    path = os.path.join(config.out, f"checkpoint-{step:07d}")
+    save_pretrained(drafter, path)
+    torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "config": config.to_json(), "held_out": held_out}, os.path.join(path, STATE_FILE))
+    if held_out is not None:
+        with open(os.path.join(config.out, "eval_log.jsonl"), "a") as f:
+            f.write(json.dumps({"step": step, **held_out}) + "\n")
+    return path
+
+
+class _NoBar:
+    def update(self, n):
+        pass
+
+    def set_postfix(self, **kwargs):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total: int, start: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, initial=start, desc="training", unit="step")
+
+
+__all__ = ["train", "build_drafter", "default_target_layers", "latest_checkpoint", "lr_factor", "target_features"]

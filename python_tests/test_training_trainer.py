@@ -1,0 +1,162 @@
+"""The trainer end to end on a tiny target (with a peaked LM head, so there is something to
+learn) and a DFlash-format drafter: learning, exact resume, block expansion, from-scratch
+initialisation, checkpoints that load and decode, and config errors."""
+import json
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from dblast_ext import load_drafter  # noqa: E402
+from dblast_ext.cli import main  # noqa: E402
+from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.eval.datasets import load_prompts  # noqa: E402
+from dblast_ext.target_loading import load_target  # noqa: E402
+from dblast_ext.training.config import TrainConfig, load_config, validate  # noqa: E402
+from dblast_ext.training.data import generate_training_data  # noqa: E402
+from dblast_ext.training.trainer import default_target_layers, position_weights, train  # noqa: E402
+from tiny_models import write_dflash_checkpoint, write_tiny_target_dir  # noqa: E402
+
+SAMPLING = SamplingParams(0.7, 20, 0.8)  # the DBLast data setting
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    target_dir = write_tiny_target_dir(root / "target", logit_scale=10.0, eos_id=1)
+    rng = random.Random(0)
+    files = {}
+    for name, count in (("train", 40), ("heldout", 8)):
+        lines = [json.dumps({"prompt": " ".join(f"t{rng.randrange(3, 96)}" for _ in range(rng.randrange(2, 6)))})
+                 for _ in range(count)]
+        (root / f"{name}-prompts.jsonl").write_text("\n".join(lines) + "\n")
+        model, tokenizer = load_target(target_dir, device="cpu")
+        generate_training_data(model, tokenizer, load_prompts(str(root / f"{name}-prompts.jsonl")),
+                               str(root / f"{name}.jsonl"), sampling=SAMPLING, samples_per_prompt=2 if name == "train" else 1,
+                               max_new_tokens=24, batch_size=8, seed=0, progress=False)
+        files[name] = str(root / f"{name}.jsonl")
+    drafter = write_dflash_checkpoint(root / "dflash", block_size=4)
+    return root, target_dir, drafter, files
+
+
+def config(world, out, **overrides):
+    root, target, drafter, files = world
+    fields = dict(target=target, data=files["train"], eval_data=files["heldout"], out=str(root / out),
+                  init_from=drafter, num_branches=4, objective="al", num_anchors=6, batch_size=4, lr=3e-3,
+                  warmup_ratio=0.05, max_steps=40, save_every=20, log_every=5, device="cpu")
+    fields.update(overrides)
+    return validate(TrainConfig(**fields))
+
+
+def heldout_expected_accepted(target_dir, drafter, prompts_file):
+    model, tokenizer = load_target(target_dir, device="cpu")
+    decoder = SpeculativeDecoder(model, drafter)
+    values = []
+    for i, prompt in enumerate(load_prompts(prompts_file)):
+        ids = tokenizer(prompt.turns[0])["input_ids"]
+        out = decoder.generate(ids, SAMPLING, max_new_tokens=24, seed=i)
+        values += [c.expected_accepted for c in out.cycles]
+    return sum(values) / len(values)
+
+
+@pytest.mark.parametrize("objective,branches", [("al", 4), ("nll", 4), ("nll", 1)])
+def test_training_lowers_the_loss_and_raises_held_out_acceptance(world, objective, branches):
+    root, target_dir, drafter_dir, _ = world
+    c = config(world, f"learn-{objective}-{branches}", objective=objective, num_branches=branches, max_steps=300,
+               save_every=150, lr=1e-2)
+    result = train(c, progress=False)
+    losses = [h["loss"] for h in result["history"]]
+    assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10
+    evals = [json.loads(line) for line in open(root / f"learn-{objective}-{branches}" / "eval_log.jsonl")]
+    assert [e["step"] for e in evals] == [150, 300]
+    model, _ = load_target(target_dir, device="cpu")
+    before = load_drafter(drafter_dir, target=model, num_branches=branches if branches > 1 else None)
+    after = load_drafter(result["final"], target=model)
+    assert after.num_branches == branches
+    gain = (heldout_expected_accepted(target_dir, after, str(root / "heldout-prompts.jsonl"))
+            - heldout_expected_accepted(target_dir, before, str(root / "heldout-prompts.jsonl")))
+    # a random drafter is almost never accepted (~0.001); a few hundred steps reach ~0.05-0.1
+    assert gain > 0.03, gain
+
+
+def test_an_interrupted_run_resumes_to_the_same_state(world):
+    whole = train(config(world, "whole", max_steps=12, save_every=4, grad_accum=2), progress=False)
+    cut = config(world, "cut", max_steps=12, save_every=4, grad_accum=2)
+    partial = train(cut, progress=False, stop_at_step=8)
+    assert partial["steps"] == 8 and partial["final"] is None
+    resumed = train(cut, progress=False)
+    assert [h["step"] for h in resumed["history"]] == [9, 10, 11, 12]
+    a = load_drafter(whole["final"]).state_dict()
+    b = load_drafter(resumed["final"]).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [h["loss"] for h in whole["history"][8:]] == [h["loss"] for h in resumed["history"]]
+
+
+def test_a_checkpoint_loads_and_decodes_like_the_target(world):
+    root, target_dir, _, _ = world
+    result = train(config(world, "decode", max_steps=6, save_every=3), progress=False)
+    model, tokenizer = load_target(target_dir, device="cpu")
+    for path in (result["final"], str(root / "decode" / "checkpoint-0000003")):
+        decoder = SpeculativeDecoder(model, load_drafter(path, target=model))
+        ids = tokenizer("t5 t6 t7")["input_ids"]
+        expected = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=16, eos_token_id=None,
+                                  attention_mask=torch.ones(1, len(ids), dtype=torch.long), pad_token_id=0)
+        assert decoder.generate(ids, SamplingParams(0.0), max_new_tokens=16).token_ids == expected[0, len(ids):].tolist()
+
+
+def test_block_expansion_trains_the_new_positions_with_the_flat_step(world):
+    c = config(world, "expand", block_size=6, new_position_weight=3.0, max_steps=6, save_every=6)
+    assert position_weights(c, 5, 4).tolist() == [1, 1, 1, 3, 3]
+    result = train(c, progress=False)
+    assert load_drafter(result["final"]).config.block_size == 6
+    with pytest.raises(ValueError, match="below the checkpoint"):
+        train(config(world, "shrink", block_size=3, max_steps=2), progress=False)
+
+
+def test_from_scratch_initialisation(world):
+    c = config(world, "scratch", init_from=None, drafter={"num_hidden_layers": 1, "mask_token_id": 97}, max_steps=4,
+               save_every=4)
+    result = train(c, progress=False)
+    drafter = load_drafter(result["final"])
+    assert drafter.config.target_layer_ids == default_target_layers(6, 1) and drafter.num_branches == 4
+    assert default_target_layers(36, 5) == [1, 9, 17, 25, 33]  # the DFlash Qwen3-8B layout
+
+
+def test_train_command_runs_a_config_file(world, capsys):
+    root = world[0]
+    c = config(world, "cli", max_steps=3, save_every=3)
+    path = root / "config.json"
+    path.write_text(json.dumps({k: v for k, v in c.to_json().items()}))
+    assert main(["train", "--config", str(path), "--no-progress", "--out", str(root / "cli2")]) == 0
+    assert "final" in capsys.readouterr().out
+    assert load_drafter(str(root / "cli2" / "final")).num_branches == 4
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"objective": "kl"}, "objective"),
+    ({"batch_size": 0}, "batch_size"),
+    ({"data": "/nonexistent.jsonl"}, "dblast data generate"),
+    ({"init_from": None}, "mask_token_id"),
+    ({"al_variant": "some"}, "al_variant"),
+])
+def test_bad_configs_fail_clearly(world, change, message):
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        config(world, "bad", **change)
+
+
+def test_config_files_are_checked(world, tmp_path):
+    (tmp_path / "c.json").write_text(json.dumps({"target": world[1], "data": world[3]["train"], "out": "x",
+                                                 "learning_rate": 1.0}))
+    with pytest.raises(ValueError, match="unknown training config fields"):
+        load_config(str(tmp_path / "c.json"))
+    (tmp_path / "d.json").write_text(json.dumps({"target": world[1]}))
+    with pytest.raises(ValueError, match="lacks"):
+        load_config(str(tmp_path / "d.json"))
+
+
+def test_a_drafter_that_does_not_fit_the_target_is_refused(world, tmp_path):
+    other = write_dflash_checkpoint(tmp_path / "wrong", dflash_config={"mask_token_id": 97, "target_layer_ids": [1, 9]})
+    with pytest.raises(ValueError, match="target_layer_ids"):
+        train(config(world, "mismatch", init_from=other, max_steps=1), progress=False)
