@@ -20,3 +20,17 @@ def test_readme_python_examples_run():
     assert 0 < len(gen.token_ids) <= 64 and gen.cycles
     assert len(namespace["baseline"].token_ids) <= 64
     assert namespace["paired"]["delta"] == 1.5
+
+
+def test_readme_training_config_uses_known_fields():
+    import dataclasses
+    import json
+
+    from dblast_ext.training.config import TrainConfig
+
+    with open(README) as f:
+        blocks = re.findall(r"```json\n(.*?)```", f.read(), flags=re.S)
+    assert blocks, "the README shows no training config"
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    for block in blocks:
+        assert set(json.loads(block)) <= known

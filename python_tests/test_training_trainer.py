@@ -160,3 +160,25 @@ def test_a_drafter_that_does_not_fit_the_target_is_refused(world, tmp_path):
     other = write_dflash_checkpoint(tmp_path / "wrong", dflash_config={"mask_token_id": 97, "target_layer_ids": [1, 9]})
     with pytest.raises(ValueError, match="target_layer_ids"):
         train(config(world, "mismatch", init_from=other, max_steps=1), progress=False)
+
+
+def test_torchrun_processes_share_a_step_like_gradient_accumulation(world):
+    """Two processes with batch B equal one process with batch B and two accumulation steps:
+    the same records and anchors per step, gradients averaged across processes."""
+    import os
+    import subprocess
+    import sys
+
+    root = world[0]
+    single = train(config(world, "single", batch_size=2, grad_accum=2, max_steps=3, save_every=3), progress=False)
+    c = config(world, "ddp", batch_size=2, grad_accum=1, max_steps=3, save_every=3).to_json()
+    (root / "ddp.json").write_text(json.dumps(c))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "dblast_ext.cli", "train", "--config", str(root / "ddp.json"), "--no-progress"],
+                          capture_output=True, text=True, timeout=600, env=env, cwd="/")
+    assert done.returncode == 0, done.stderr[-3000:]
+    a = load_drafter(single["final"]).state_dict()
+    b = load_drafter(str(root / "ddp" / "final")).state_dict()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5)

@@ -205,7 +205,8 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
                                                                 parallel.world)], device)
             with autocast:
                 out = batch_loss(drafter, target, batch, objective=config.objective, num_anchors=config.num_anchors,
-                                 generator=torch.Generator().manual_seed(_seed(config.seed, step, micro, parallel.rank)),
+                                 generator=torch.Generator().manual_seed(
+                                     _seed(config.seed, step, micro * parallel.world + parallel.rank)),
                                  tau=config.tau, al_variant=config.al_variant, position_weights=weights,
                                  chunk_size=config.chunk_size)
             (out["loss"] / config.grad_accum).backward()
