@@ -23,9 +23,23 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def check_target_path(path: str, name: str = "--target") -> None:
+    """A clear error for a target that is neither "default" nor a local directory."""
+    from .default_target import DEFAULT_TARGET
+
+    if path != DEFAULT_TARGET and not os.path.isdir(path):
+        raise FileNotFoundError(f"{name} {path!r} is not a local directory (nothing is downloaded: give a directory "
+                                f"with config.json, the weights and the tokenizer files, or {DEFAULT_TARGET!r} for "
+                                "the embedded SmolLM2-135M-Instruct)")
+
+
 def load_target(path: str, *, device: Optional[str] = None, dtype: str = "auto"):
     """(model, tokenizer) from a local directory holding a transformers causal LM
-    (config.json, weights, tokenizer files)."""
+    (config.json, weights, tokenizer files), or "default" for the embedded SmolLM2."""
+    from .default_target import resolve_target
+
+    check_target_path(path)
+    path = resolve_target(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"target {path!r} is not a local directory (nothing is downloaded: give a "
                                 "directory with config.json, the weights and the tokenizer files)")

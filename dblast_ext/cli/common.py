@@ -1,13 +1,13 @@
 """Flags and loading shared by the subcommands that run a target with a drafter."""
-import os
-
 from ..decoding import SamplingParams, SpeculativeDecoder
 from ..drafter_io import checkpoint_files, load_drafter
-from ..target_loading import default_device, load_target, resolve_dtype
+from ..target_loading import check_target_path, default_device, load_target, resolve_dtype
 
 
 def add_model_args(p) -> None:
-    p.add_argument("--target", required=True, help="local directory of a transformers causal LM (+ tokenizer)")
+    p.add_argument("--target", default="default",
+                   help="local directory of a transformers causal LM (+ tokenizer); 'default' (the default) is the "
+                        "embedded SmolLM2-135M-Instruct")
     p.add_argument("--drafter", required=True, help="local directory of a DFlash or DBLast drafter checkpoint")
     p.add_argument("--branches", type=int, default=None,
                    help="K: add a K-branch head to a DFlash (K = 1) checkpoint (untrained: for trying the "
@@ -40,8 +40,7 @@ def check_args(args) -> None:
     if args.block_size is not None and args.block_size < 2:
         raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
     resolve_dtype(args.dtype, args.device or default_device())
-    if not os.path.isdir(args.target):
-        raise FileNotFoundError(f"target {args.target!r} is not a local directory (nothing is downloaded)")
+    check_target_path(args.target)
     checkpoint_files(args.drafter)
 
 

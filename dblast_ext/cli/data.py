@@ -5,7 +5,7 @@ import os
 
 from ..decoding import SamplingParams
 from ..eval.datasets import load_prompts, parse_dataset_list
-from ..target_loading import default_device, load_target, resolve_dtype
+from ..target_loading import check_target_path, default_device, load_target, resolve_dtype
 from ..training.data import check_existing, generate_training_data, sampling_settings
 
 
@@ -18,7 +18,9 @@ def add_parser(subparsers) -> None:
                                        "distribution (temperature, top-k, top-p) and store prompt + response ids, "
                                        "the loss mask and the target's log-probabilities, one JSON line per "
                                        "(prompt, sample). Rerunning with the same --out resumes.")
-    g.add_argument("--target", required=True, help="local directory of a transformers causal LM (+ tokenizer)")
+    g.add_argument("--target", default="default",
+                   help="local directory of a transformers causal LM (+ tokenizer); 'default' (the default) is the "
+                        "embedded SmolLM2-135M-Instruct")
     g.add_argument("--prompts", required=True,
                    help="comma-separated: .jsonl files (`prompt` or chat `messages` per line) or gsm8k, math500, "
                         "humaneval, mtbench; the first user turn of each prompt is used")
@@ -52,8 +54,7 @@ def check_generate_args(args) -> None:
         resolve_dtype(args.dtype, args.device or default_device())
     except ValueError as e:
         raise ValueError(f"--{e}") from None
-    if not os.path.isdir(args.target):
-        raise FileNotFoundError(f"--target {args.target!r} is not a local directory (nothing is downloaded)")
+    check_target_path(args.target)
     if os.path.isdir(args.out):
         raise ValueError(f"--out {args.out!r} is a directory; give a .jsonl file path")
 

@@ -85,8 +85,9 @@ def validate(c: TrainConfig) -> TrainConfig:
         raise ValueError("training config: need lr > 0, weight_decay >= 0, 0 <= warmup_ratio < 1, max_grad_norm > 0")
     if c.new_position_weight <= 0 or (c.decay is not None and not 0 < c.decay <= 1):
         raise ValueError("training config: new_position_weight must be > 0 and decay in (0, 1]")
-    if not os.path.isdir(c.target):
-        raise FileNotFoundError(f"training config: target {c.target!r} is not a local directory")
+    from ..target_loading import check_target_path
+
+    check_target_path(c.target, "training config: target")
     for name in ("data", "eval_data"):
         path = getattr(c, name)
         if path is not None and not os.path.isfile(path):

