@@ -204,3 +204,21 @@ def test_gather_branch_logprobs_memory_is_bounded_by_the_chunk():
     assert chunked <= 6 * chunk_logits, f"chunked peaked at {chunked / 1e6:.1f} MB, chunk logits " \
                                         f"{chunk_logits / 1e6:.1f} MB"
     assert whole >= full_logits and chunked <= whole / 4, (chunked, whole)
+
+
+def test_acceptance_proxy_is_the_importance_weighted_eq_14_sum():
+    from dblast_ext.training.losses import accepted_length_proxy
+
+    prior, branch, target = random_case(5, spread=0.7)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 1, 1], [1, 1, 1, 1, 0]])
+    expected = 0.0
+    for n in range(3):
+        post = torch.softmax(prior[n], -1).tolist()
+        q_prefix = p_prefix = survive = 1.0
+        for i in range(valid_length(mask[n].tolist())):
+            qi = sum(post[z] * math.exp(float(branch[n, z, i])) for z in range(4))
+            pi = math.exp(float(target[n, i]))
+            post = [post[z] * math.exp(float(branch[n, z, i])) / qi for z in range(4)]
+            q_prefix, p_prefix, survive = q_prefix * qi, p_prefix * pi, survive * min(1.0, pi / qi)
+            expected += q_prefix / p_prefix * survive  # r_l prod_{j<=l} A_j
+    assert accepted_length_proxy(prior, branch, target, mask).item() == pytest.approx(expected / 3, rel=1e-10)

@@ -195,12 +195,13 @@ def gather_branch_logprobs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, l
 @torch.no_grad()
 def accepted_length_proxy(prior_logits: torch.Tensor, branch_token_logprobs: torch.Tensor,
                           target_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """A cheap acceptance estimate for progress bars: S_b = sum_l prod_{j<=l} A_j of the
-    soft-mixture proposal on the target-sampled blocks (valid positions only), mean over
-    blocks. It rises as the drafter's conditionals cover the target's."""
+    """A cheap acceptance estimate for progress bars, from target-sampled blocks: Eq 14's
+    sum_l r_l prod_{j<=l} A_j = sum_l prod_{j<=l} min(1, q_j / p_j), which is unbiased for the
+    expected accepted length of the soft-mixture proposal (drafts sampled from q) over the
+    valid positions; mean over blocks."""
     dtype = torch.promote_types(branch_token_logprobs.dtype, torch.float32)
     lq_prefix = mixture_prefix_logprobs(prior_logits.to(dtype), branch_token_logprobs.to(dtype))
     lq_cond = torch.cat([lq_prefix[..., :1], lq_prefix[..., 1:] - lq_prefix[..., :-1]], dim=-1)
-    log_accept = torch.clamp(target_logprobs.to(dtype) - lq_cond, max=0.0)
-    survive = torch.exp(torch.cumsum(log_accept, -1)) * valid_positions(mask).to(dtype)
+    log_overlap = torch.clamp(lq_cond - target_logprobs.to(dtype), max=0.0)  # log min(1, q_j / p_j)
+    survive = torch.exp(torch.cumsum(log_overlap, -1)) * valid_positions(mask).to(dtype)
     return survive.sum(-1).mean()
