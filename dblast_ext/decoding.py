@@ -48,6 +48,12 @@ class GenerationOutput:
     wall_time: float = 0.0
 
 
+def cache_argument(model) -> str:
+    """The name a Hugging Face model's forward gives its KV cache: `cache` in recent
+    transformers, `past_key_values` in older ones."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class TargetAdapter:
     """A Hugging Face causal LM (Qwen3, Llama, ...) used unmodified: one forward returns the
     logits of every position and the hidden states of the drafter's target layers."""
@@ -55,9 +61,7 @@ class TargetAdapter:
     def __init__(self, model, layer_ids: Sequence[int]):
         self.model = model
         self.layer_ids = list(layer_ids)
-        # recent transformers name the cache argument `cache`; older ones `past_key_values`
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._cache_arg = cache_argument(model)
 
     @property
     def device(self):

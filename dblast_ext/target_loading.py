@@ -67,8 +67,17 @@ def encode_prompt(tokenizer, prompt: str, chat: bool, system: Optional[str] = No
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the target's tokenizer has no chat template; run without --chat")
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return encode_messages(tokenizer, messages)
+
+
+def encode_messages(tokenizer, messages: List[dict]) -> List[int]:
+    """Token ids of a conversation ending in a user turn, ready for the assistant's answer:
+    through the chat template (special tokens not added again, the template frames the
+    text), or for a tokenizer without one (a base model) the turns' text joined plainly."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"]
 
 
 def stop_token_ids(model, tokenizer) -> List[int]:

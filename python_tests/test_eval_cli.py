@@ -1,7 +1,6 @@
 """`dblast eval | compare | calibrate | diagnose` end to end on a tiny random target (local
 model directory with tokenizer and chat template) and a DFlash-format drafter."""
 import json
-import os
 
 import pytest
 

@@ -14,8 +14,7 @@ from dblast_ext import reference  # noqa: E402
 from dblast_ext.cli import main  # noqa: E402
 from dblast_ext.decoding import SamplingParams  # noqa: E402
 from dblast_ext.eval.datasets import chat_messages, load_prompts  # noqa: E402
-from dblast_ext.eval.runner import encode_chat  # noqa: E402
-from dblast_ext.target_loading import load_target  # noqa: E402
+from dblast_ext.target_loading import encode_messages, load_target  # noqa: E402
 from dblast_ext.training.data import generate_training_data, read_training_data  # noqa: E402
 from losslessness import chi_square_pvalue  # noqa: E402
 from tiny_models import write_tiny_target_dir  # noqa: E402
@@ -67,7 +66,7 @@ def test_records_hold_the_targets_filtered_logprobs(setup):
     prompts = load_prompts(prompts_file)
     assert [(r["prompt_id"], r["sample"]) for r in records] == [(p.prompt_id, s) for p in prompts for s in (0, 1)]
     for r, prompt in zip(records, [p for p in prompts for _ in (0, 1)]):
-        prompt_ids = encode_chat(tokenizer, chat_messages(prompt, 0))  # the first user turn only
+        prompt_ids = encode_messages(tokenizer, chat_messages(prompt, 0))  # the first user turn only
         n = len(prompt_ids)
         ids = r["input_ids"]
         assert ids[:n] == prompt_ids and r["dataset"] == "alpha"
@@ -92,7 +91,7 @@ def test_greedy_responses_equal_hf_generate(setup):
     records = generate(setup, root / "greedy.jsonl", sampling=SamplingParams(0.0, 0, 1.0), samples=1,
                        max_new_tokens=16)
     for r, prompt in zip(records, load_prompts(prompts_file)):
-        prompt_ids = encode_chat(tokenizer, chat_messages(prompt, 0))
+        prompt_ids = encode_messages(tokenizer, chat_messages(prompt, 0))
         with torch.no_grad():
             out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids),
                                                                                        dtype=torch.int64),
@@ -177,7 +176,7 @@ def test_first_tokens_follow_the_filtered_distribution(tmp_path):
     records = generate_training_data(model, tokenizer, load_prompts(str(prompts_file)), str(tmp_path / "d.jsonl"),
                                      sampling=sampling, samples_per_prompt=n, max_new_tokens=1, batch_size=100,
                                      seed=3, progress=False)
-    prompt_ids = encode_chat(tokenizer, [{"role": "user", "content": "t5 t6 t7"}])
+    prompt_ids = encode_messages(tokenizer, [{"role": "user", "content": "t5 t6 t7"}])
     with torch.no_grad():
         logits = model(torch.tensor([prompt_ids])).logits[0, -1]
     filtered = reference.filter_target_probs(logits, **sampling.kwargs()).numpy()

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from dblast_ext.training.losses import (accepted_length_surrogate, decay_weights, flat_step_weights,
                                         gather_branch_logprobs, nll_independent, nll_mixture)

@@ -1,10 +1,8 @@
 """`dblast compare RUN_A RUN_B [RUN_C ...]`: paired committed-length comparison of runs on
 the same prompts (each later run against the first), per dataset, with a Holm correction
 over the whole family of comparisons."""
-import os
-
 from ..eval.metrics import holm, paired_delta_tau, spearman, summarize
-from ..eval.records import read_records
+from ..eval.records import read_run_records
 
 
 def add_parser(subparsers) -> None:
@@ -20,16 +18,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out", default=None, help="also write the table to this Markdown file")
 
 
-def _records(path: str):
-    return read_records(os.path.join(path, "records.jsonl") if os.path.isdir(path) else path)
-
-
 def compare_runs(runs, *, alpha=0.05, eos_only=True, n_boot=2000, seed=0):
     if len(runs) < 2:
         raise ValueError("compare needs at least two runs: a baseline and one to compare with it")
     if not 0 < alpha < 1:
         raise ValueError(f"--alpha must lie in (0, 1), got {alpha}")
-    loaded = [_records(r) for r in runs]
+    loaded = [read_run_records(r) for r in runs]
     datasets = sorted({r["dataset"] for r in loaded[0]})
     rows = []
     for run, records in zip(runs[1:], loaded[1:]):

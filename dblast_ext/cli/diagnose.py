@@ -20,9 +20,9 @@ import torch
 from ..eval.datasets import chat_messages
 from ..eval.determinism import bin_by_determinism, early_determinism
 from ..eval.metrics import expansion_decomposition, summarize
-from ..eval.records import read_records
-from ..eval.report import plot_histogram
-from ..eval.runner import encode_chat, response_seed
+from ..eval.records import read_run_records
+from ..eval.runner import response_seed
+from ..target_loading import encode_messages
 from .common import add_model_args, add_sampling_args, check_args, load_decoder, sampling_of
 from .display import acceptance_histogram
 from .evaluate import add_eval_args, generate_records, load_all_prompts
@@ -49,10 +49,6 @@ def add_parser(subparsers) -> None:
     d.add_argument("--samples", type=int, default=20, help="M, target blocks sampled per truncation point")
 
 
-def _records(path):
-    return read_records(os.path.join(path, "records.jsonl") if os.path.isdir(path) else path)
-
-
 def run(args) -> int:
     return {"ceiling": run_ceiling, "expansion": run_expansion, "determinism": run_determinism}[args.kind](args)
 
@@ -62,7 +58,7 @@ def run_ceiling(args) -> int:
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     histograms = []
     for run_dir in args.runs:
-        records = _records(run_dir)
+        records = read_run_records(run_dir)
         for name in sorted({r["dataset"] for r in records}):
             s = summarize([r for r in records if r["dataset"] == name], eos_only=not args.all_responses, n_boot=1)
             mean_n = sum(n * h for n, h in enumerate(s["histogram"])) / s["n_cycles"]
@@ -71,7 +67,7 @@ def run_ceiling(args) -> int:
             histograms.append((run_dir, name, s))
     for run_dir, name, s in histograms:
         print(f"\n{run_dir} / {name}:")
-        print(acceptance_histogram([n for n, h in enumerate(s["histogram"]) for _ in range(h)], s["block_size"] - 1))
+        print(acceptance_histogram(s["histogram"]))
     print("\nA large ceiling fraction means the block horizon clips acceptance: a drafter trained at a larger "
           "block can recover it (DBloom §4.1).")
     return 0
@@ -130,7 +126,7 @@ def run_determinism(args) -> int:
     # target responses to truncate: the target alone, first turn of each prompt
     responses = []
     for prompt in prompts:
-        ids = encode_chat(tokenizer, chat_messages(prompt))
+        ids = encode_messages(tokenizer, chat_messages(prompt))
         seed = response_seed(args.seed, prompt.dataset, prompt.prompt_id, 0)
         out = decoder.generate_autoregressive(ids, sampling, max_new_tokens=args.max_new_tokens, seed=seed)
         responses.append((ids, out.token_ids))

@@ -2,13 +2,11 @@
 from typing import Sequence
 
 
-def acceptance_histogram(accepted: Sequence[int], num_draft: int, width: int = 40) -> str:
-    """One line per accepted count n = 0..b with a bar, the count and the share; the last
-    line (n = b, every draft accepted) is the ceiling bin and is marked."""
-    counts = [0] * (num_draft + 1)
-    for n in accepted:
-        counts[n] += 1
-    total = max(1, len(accepted))
+def acceptance_histogram(counts: Sequence[int], width: int = 40) -> str:
+    """One line per accepted count n = 0..b (counts[n] cycles) with a bar, the count and the
+    share; the last line (n = b, every draft accepted) is the ceiling bin and is marked."""
+    num_draft = len(counts) - 1
+    total = max(1, sum(counts))
     peak = max(counts) or 1
     lines = []
     for n, count in enumerate(counts):

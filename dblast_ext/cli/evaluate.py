@@ -9,8 +9,9 @@ import sys
 from ..eval.calibration import DEFAULT_GRID, calibrate, parse_grid, split_prompts
 from ..eval.datasets import load_prompts, parse_dataset_list
 from ..eval.report import write_report
-from ..eval.runner import encode_chat, run_prompts
+from ..eval.runner import run_prompts
 from ..eval.datasets import chat_messages
+from ..target_loading import encode_messages
 from .common import add_model_args, add_sampling_args, check_args, load_decoder, sampling_of
 
 
@@ -61,7 +62,7 @@ def generate_records(args, decoder, tokenizer, prompts, records_path, category_t
     decoder.category_temperature = category_temperature
     settings = run_settings(args, category_temperature, decoder)
     if measure_speedup and prompts:  # warm both loops up so one-time costs stay out of the timings
-        ids = encode_chat(tokenizer, chat_messages(prompts[0]))
+        ids = encode_messages(tokenizer, chat_messages(prompts[0]))
         decoder.generate(ids, sampling_of(args), max_new_tokens=8)
         decoder.generate_autoregressive(ids, sampling_of(args), max_new_tokens=8)
     records = run_prompts(decoder, tokenizer, prompts, records_path, sampling=sampling_of(args),

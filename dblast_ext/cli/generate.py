@@ -72,7 +72,8 @@ def run(args) -> int:
         print(f"--- {len(accepted)} cycles, committed length {figures['committed_length']:.2f} tokens per target "
               f"pass (K = {drafter.num_branches}, block {drafter.config.block_size}); accepted drafts per cycle:",
               file=err)
-        print(acceptance_histogram(accepted, drafter.config.block_size - 1), file=err)
+        counts = [accepted.count(n) for n in range(drafter.config.block_size)]
+        print(acceptance_histogram(counts), file=err)
     if args.compare_ar:
         print(f"--- target alone: {rate(figures['ar_new_tokens'], figures['ar_wall_time'])}; "
               f"speed-up {figures['speedup']:.2f}x", file=err)

@@ -4,11 +4,11 @@ Fields: `prompt_id`, `dataset`, `turn`, `accepted` (n per cycle, 0..b), `expecte
 (per cycle, sum_i prod_{j<=i} A_j), `block_size`, `eos_terminated`, `new_tokens`,
 `wall_time`, `ar_wall_time` / `ar_new_tokens` when the target-only run was measured, the
 response `text`, and `settings` (the run's flags)."""
-import json
 import os
 from typing import List, Optional
 
 from ..decoding import GenerationOutput
+from ..jsonl import append_jsonl, read_jsonl
 
 
 def make_record(*, dataset: str, prompt_id: str, turn: int, output: GenerationOutput, block_size: int,
@@ -26,25 +26,13 @@ def make_record(*, dataset: str, prompt_id: str, turn: int, output: GenerationOu
 
 
 def append_record(path: str, record: dict) -> None:
-    """One line per record, flushed at once, so an interrupted run keeps what it finished."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_jsonl(path, [record])
 
 
 def read_records(path: str) -> List[dict]:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no records file at {path}")
-    records = []
-    with open(path) as f:
-        for line_number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                # the last line of a killed run may be cut short: say so instead of failing obscurely
-                raise ValueError(f"{path}: line {line_number} is not valid JSON ({e.msg}); "
-                                 "delete that line to resume") from None
-    return records
+    return [record for _, record in read_jsonl(path, "records")]
+
+
+def read_run_records(path: str) -> List[dict]:
+    """The records of a `dblast eval` output directory, or of a records file given directly."""
+    return read_records(os.path.join(path, "records.jsonl") if os.path.isdir(path) else path)

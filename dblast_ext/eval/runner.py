@@ -7,21 +7,14 @@ import zlib
 from typing import Callable, List, Optional
 
 from ..decoding import SamplingParams, SpeculativeDecoder
-from ..target_loading import stop_token_ids
+from ..progress import progress_bar
+from ..target_loading import encode_messages, stop_token_ids
 from .datasets import Prompt, chat_messages
 from .records import append_record, make_record, read_records
 
 
 def response_seed(seed: int, dataset: str, prompt_id: str, turn: int) -> int:
     return zlib.crc32(f"{seed}/{dataset}/{prompt_id}/{turn}".encode())
-
-
-def encode_chat(tokenizer, messages: List[dict]) -> List[int]:
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    # no template (a base model): the user turns as plain text
-    return tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"]
 
 
 def run_prompts(decoder: SpeculativeDecoder, tokenizer, prompts: List[Prompt], records_path: str, *,
@@ -39,14 +32,14 @@ def run_prompts(decoder: SpeculativeDecoder, tokenizer, prompts: List[Prompt], r
             done[(r["dataset"], r["prompt_id"], r["turn"])] = r
     stops = stop_token_ids(decoder.target.model, tokenizer)
     total = sum(len(p.turns) for p in prompts)
-    bar = _progress(total, progress)
+    bar = progress_bar(total, desc="responses", unit="resp", enabled=progress)
     records = []
     for prompt in prompts:
         answers = []
         for turn in range(len(prompt.turns)):
             key = (prompt.dataset, prompt.prompt_id, turn)
             if key not in done:
-                ids = encode_chat(tokenizer, chat_messages(prompt, turn, answers))
+                ids = encode_messages(tokenizer, chat_messages(prompt, turn, answers))
                 run_seed = response_seed(seed, *key)
                 out = decoder.generate(ids, sampling, max_new_tokens=max_new_tokens, stop_token_ids=stops,
                                        seed=run_seed)
@@ -65,21 +58,3 @@ def run_prompts(decoder: SpeculativeDecoder, tokenizer, prompts: List[Prompt], r
             bar.update(1)
     bar.close()
     return records
-
-
-class _NoBar:
-    def update(self, n):
-        pass
-
-    def close(self):
-        pass
-
-
-def _progress(total: int, enabled: bool):
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, desc="responses", unit="resp")

@@ -34,19 +34,19 @@ with the same sampling settings) are kept and skipped; a file made with other se
 refused. Records are appended a batch at a time, in work order.
 """
 import inspect
-import json
 import math
 import os
 import zlib
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
 from .. import reference
-from ..decoding import SamplingParams
+from ..decoding import SamplingParams, cache_argument
 from ..eval.datasets import Prompt, chat_messages
-from ..eval.runner import encode_chat
-from ..target_loading import stop_token_ids
+from ..jsonl import append_jsonl, read_jsonl
+from ..progress import progress_bar
+from ..target_loading import encode_messages, stop_token_ids
 
 __all__ = ["generate_training_data", "read_training_data", "sampling_settings", "sample_seed",
            "check_existing", "sample_batch"]
@@ -118,22 +118,10 @@ def _check_record(r, where: str) -> None:
 def read_training_data(path: str) -> List[dict]:
     """Every record of a training-data file, each checked (fields, types, equal lengths, a
     0/1 loss mask); errors name the file and the line."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no training-data file at {path}")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}: line {line_number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                # the last line of a killed run may be cut short: say so instead of failing obscurely
-                cut = "" if line.endswith("\n") else " (cut short: the run was probably interrupted)"
-                raise ValueError(f"{where} is not valid JSON ({e.msg}){cut}; delete that line to resume") from None
-            _check_record(record, where)
-            records.append(record)
+    for where, record in read_jsonl(path, "training-data"):
+        _check_record(record, where)
+        records.append(record)
     return records
 
 
@@ -153,11 +141,6 @@ def check_existing(out_path: str, settings: dict) -> Dict[Tuple[str, str, int], 
 
 # ---------------------------------------------------------------------------------------------
 # batched sampling
-
-
-def _cache_arg(model) -> str:
-    # recent transformers name the cache argument `cache`; older ones `past_key_values`
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _select_rows(cache, rows: torch.Tensor) -> None:
@@ -194,7 +177,7 @@ def sample_batch(model, prompts: Sequence[Sequence[int]], generators: Sequence[t
     ids, mask = ids.to(device), mask.to(device)
     # a real token's position is the number of real tokens before it; padding sits at 0
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache, cache_arg = DynamicCache(), _cache_arg(model)
+    cache, cache_arg = DynamicCache(), cache_argument(model)
     keep_last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                 **{cache_arg: cache}, **keep_last)
@@ -238,26 +221,6 @@ def sample_batch(model, prompts: Sequence[Sequence[int]], generators: Sequence[t
 # the whole run
 
 
-def _progress(total: int, initial: int, enabled: bool):
-    if enabled:
-        try:
-            from tqdm.auto import tqdm
-
-            return tqdm(total=total, initial=initial, desc="sequences", unit="seq")
-        except ImportError:
-            pass
-    return None
-
-
-def _append(path: str, records: List[dict]) -> None:
-    """One line per record, flushed and synced at once, so an interrupted run keeps what it finished."""
-    with open(path, "a", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def generate_training_data(model, tokenizer, prompts: List[Prompt], out_path: str, *,
                            sampling: SamplingParams, samples_per_prompt: int = 1, max_new_tokens: int = 256,
                            batch_size: int = 8, seed: int = 0, progress: bool = True) -> List[dict]:
@@ -285,7 +248,7 @@ def generate_training_data(model, tokenizer, prompts: List[Prompt], out_path: st
         seen.add((p.dataset, p.prompt_id))
     keys = [(p, s) for p in prompts for s in range(samples_per_prompt)]
     todo = [(p, s) for p, s in keys if (p.dataset, p.prompt_id, s) not in done]
-    bar = _progress(len(keys), len(keys) - len(todo), progress)
+    bar = progress_bar(len(keys), initial=len(keys) - len(todo), desc="sequences", unit="seq", enabled=progress)
     encoded: Dict[Tuple[str, str], List[int]] = {}
     try:
         for start in range(0, len(todo), batch_size):
@@ -293,7 +256,7 @@ def generate_training_data(model, tokenizer, prompts: List[Prompt], out_path: st
             prompt_ids = []
             for p, _ in batch:
                 if (p.dataset, p.prompt_id) not in encoded:
-                    ids = encode_chat(tokenizer, chat_messages(p, 0))
+                    ids = encode_messages(tokenizer, chat_messages(p, 0))
                     if not ids:
                         raise ValueError(f"{p.dataset}/{p.prompt_id}: the prompt encodes to no tokens")
                     encoded[(p.dataset, p.prompt_id)] = ids
@@ -310,10 +273,8 @@ def generate_training_data(model, tokenizer, prompts: List[Prompt], out_path: st
                           "eos_terminated": eos, "sampling": settings}
                 done[(p.dataset, p.prompt_id, s)] = record
                 new.append(record)
-            _append(out_path, new)
-            if bar is not None:
-                bar.update(len(batch))
+            append_jsonl(out_path, new)
+            bar.update(len(batch))
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     return [done[(p.dataset, p.prompt_id, s)] for p, s in keys]

@@ -74,6 +74,13 @@ def mixture_prefix_logprobs(prior_logits: torch.Tensor, branch_token_logprobs: t
     return torch.logsumexp(log_prior + torch.cumsum(branch_token_logprobs, -1), dim=-2)
 
 
+def _mixture_logprobs(prior_logits: torch.Tensor, branch_token_logprobs: torch.Tensor):
+    """(log q(x_1:l), log q(x_l | x_<l)) for l = 1..b, in float32 or wider."""
+    dtype = torch.promote_types(branch_token_logprobs.dtype, torch.float32)
+    prefix = mixture_prefix_logprobs(prior_logits.to(dtype), branch_token_logprobs.to(dtype))
+    return prefix, torch.cat([prefix[..., :1], prefix[..., 1:] - prefix[..., :-1]], dim=-1)
+
+
 def accepted_length_surrogate(prior_logits: torch.Tensor, branch_token_logprobs: torch.Tensor,
                               target_logprobs: torch.Tensor, mask: torch.Tensor, *, tau: float = 0.1,
                               variant: str = "all_prefixes",
@@ -100,10 +107,8 @@ def accepted_length_surrogate(prior_logits: torch.Tensor, branch_token_logprobs:
     if tuple(target_logprobs.shape) != tuple(block_shape):
         raise ValueError(f"target_logprobs must have shape {tuple(block_shape)}, got {tuple(target_logprobs.shape)}")
     _check_mask(mask, block_shape, "target_logprobs")
-    dtype = torch.promote_types(branch_token_logprobs.dtype, torch.float32)
-    lq_prefix = mixture_prefix_logprobs(prior_logits.to(dtype), branch_token_logprobs.to(dtype))  # [..., b]
-    lq_cond = torch.cat([lq_prefix[..., :1], lq_prefix[..., 1:] - lq_prefix[..., :-1]], dim=-1)
-    lp = target_logprobs.to(dtype)
+    lq_prefix, lq_cond = _mixture_logprobs(prior_logits, branch_token_logprobs)  # [..., b] each
+    lp = target_logprobs.to(lq_prefix.dtype)
     log_accept = torch.clamp(lp - lq_cond, max=0.0)                  # log A_j
     log_r = lq_prefix - torch.cumsum(lp, -1)                          # log r_l
     log_s = torch.logcumsumexp(torch.cumsum(log_accept, -1), dim=-1)  # log S_l
@@ -199,9 +204,7 @@ def accepted_length_proxy(prior_logits: torch.Tensor, branch_token_logprobs: tor
     sum_l r_l prod_{j<=l} A_j = sum_l prod_{j<=l} min(1, q_j / p_j), which is unbiased for the
     expected accepted length of the soft-mixture proposal (drafts sampled from q) over the
     valid positions; mean over blocks."""
-    dtype = torch.promote_types(branch_token_logprobs.dtype, torch.float32)
-    lq_prefix = mixture_prefix_logprobs(prior_logits.to(dtype), branch_token_logprobs.to(dtype))
-    lq_cond = torch.cat([lq_prefix[..., :1], lq_prefix[..., 1:] - lq_prefix[..., :-1]], dim=-1)
-    log_overlap = torch.clamp(lq_cond - target_logprobs.to(dtype), max=0.0)  # log min(1, q_j / p_j)
-    survive = torch.exp(torch.cumsum(log_overlap, -1)) * valid_positions(mask).to(dtype)
+    _, lq_cond = _mixture_logprobs(prior_logits, branch_token_logprobs)
+    log_overlap = torch.clamp(lq_cond - target_logprobs.to(lq_cond.dtype), max=0.0)  # log min(1, q_j / p_j)
+    survive = torch.exp(torch.cumsum(log_overlap, -1)) * valid_positions(mask).to(lq_cond.dtype)
     return survive.sum(-1).mean()

@@ -1,11 +1,10 @@
 """One training batch to one loss: anchors, the target's context features, the drafter's
 many-block pass, the label log-probs of every branch, and the selected objective."""
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 
-from .. import reference
 from ..decoding import TargetAdapter
 from ..drafter import DBlastDrafter
 from .block_forward import block_inputs, drafter_block_hidden
@@ -65,18 +64,10 @@ def block_labels(batch: Batch, anchors: torch.Tensor, valid: torch.Tensor, block
 
 
 @torch.no_grad()
-def target_features(target: TargetAdapter, batch: Batch, sampling: Optional[Dict] = None):
-    """Context features [N, T, L*H] of every position (one inference-mode forward), and,
-    when `sampling` is given, the filtered target log-prob of every next token (for data
-    without stored ones)."""
+def target_features(target: TargetAdapter, batch: Batch) -> torch.Tensor:
+    """Context features [N, T, L*H] of every position (one inference-mode forward)."""
     out = target.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
-    features = torch.cat([out.hidden_states[l + 1] for l in target.layer_ids], dim=-1)
-    logprobs = None
-    if sampling is not None:
-        probs = reference.filter_target_probs(out.logits[:, :-1].float(), **sampling)
-        picked = probs.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1).clamp_min(1e-30).log()
-        logprobs = torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
-    return features, logprobs
+    return torch.cat([out.hidden_states[l + 1] for l in target.layer_ids], dim=-1)
 
 
 def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, objective: str, num_anchors: int,
@@ -86,7 +77,7 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
     """{"loss", "accepted_proxy", "blocks"} of one batch. `features` (the target's context
     features) may be passed in when computed already."""
     if features is None:
-        features, _ = target_features(target, batch)
+        features = target_features(target, batch)
     anchors, valid = sample_anchors(batch.loss_mask, num_anchors, generator)
     inputs = block_inputs(drafter, target.embed, batch.input_ids, anchors)
     hidden = drafter_block_hidden(drafter, inputs["embeddings"], inputs["positions"], features, anchors)

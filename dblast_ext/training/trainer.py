@@ -8,6 +8,7 @@ stopped. Checkpoints are DFlash-compatible drafter directories (`load_drafter` r
 with the trainer state beside the weights. Under `torchrun`, every process takes its own
 share of each step's batch and gradients are averaged across processes before the update.
 """
+import functools
 import glob
 import json
 import math
@@ -22,12 +23,13 @@ from safetensors.torch import load_file
 
 from ..decoding import TargetAdapter
 from ..drafter import DBlastDrafter, DrafterConfig
-from ..drafter_io import load_drafter, save_pretrained
+from ..drafter_io import check_against_target, load_drafter, save_pretrained
+from ..progress import progress_bar
 from ..target_loading import default_device, load_target
 from .config import TrainConfig
 from .data import read_training_data
 from .losses import decay_weights, flat_step_weights
-from .objective import batch_loss, collate, target_features
+from .objective import batch_loss, collate
 
 STATE_FILE = "trainer_state.pt"
 
@@ -76,7 +78,6 @@ def build_drafter(config: TrainConfig, target) -> (DBlastDrafter, Optional[int])
         rope_theta=spec.pop("rope_theta", getattr(tc, "rope_theta", 1e6) or 1e6))
     if spec:
         raise ValueError(f"training config: unknown drafter fields {sorted(spec)}")
-    from ..drafter_io import check_against_target
     check_against_target(drafter_config, tc)
     torch.manual_seed(_seed(config.seed, "init"))
     drafter = DBlastDrafter(drafter_config)
@@ -129,6 +130,11 @@ class _Distributed:
             dist.barrier()
 
 
+@functools.lru_cache(maxsize=4)
+def _epoch_order(count: int, seed: int, epoch: int) -> torch.Tensor:
+    return torch.randperm(count, generator=torch.Generator().manual_seed(_seed(seed, "epoch", epoch)))
+
+
 def _batch_indices(count: int, step: int, micro: int, config: TrainConfig, rank: int, world: int) -> List[int]:
     """Record indices of one micro-batch: a seeded permutation per epoch, read in order."""
     per_step = config.batch_size * config.grad_accum * world
@@ -136,8 +142,7 @@ def _batch_indices(count: int, step: int, micro: int, config: TrainConfig, rank:
     indices = []
     for position in range(start, start + config.batch_size):
         epoch, offset = divmod(position, count)
-        order = torch.randperm(count, generator=torch.Generator().manual_seed(_seed(config.seed, "epoch", epoch)))
-        indices.append(int(order[offset]))
+        indices.append(int(_epoch_order(count, config.seed, epoch)[offset]))
     return indices
 
 
@@ -193,7 +198,7 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
         start = state["step"]
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") and config.dtype != "float32"
                 else torch.autocast("cpu", enabled=False))
-    bar = _progress(total, start, progress and parallel.rank == 0)
+    bar = progress_bar(total, initial=start, desc="training", unit="step", enabled=progress and parallel.rank == 0)
     log_path = os.path.join(config.out, "train_log.jsonl")
     history = []
     for step in range(start, total):
@@ -251,25 +256,4 @@ def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out) -> st
     return path
 
 
-class _NoBar:
-    def update(self, n):
-        pass
-
-    def set_postfix(self, **kwargs):
-        pass
-
-    def close(self):
-        pass
-
-
-def _progress(total: int, start: int, enabled: bool):
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, initial=start, desc="training", unit="step")
-
-
-__all__ = ["train", "build_drafter", "default_target_layers", "latest_checkpoint", "lr_factor", "target_features"]
+__all__ = ["train", "build_drafter", "default_target_layers", "latest_checkpoint", "lr_factor"]
