@@ -54,6 +54,17 @@ def cache_argument(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def features_only_arguments(model) -> dict:
+    """Forward arguments that keep the logits to the last position (`logits_to_keep` in
+    recent transformers, `num_logits_to_keep` in older ones; none when neither exists), for
+    passes that need hidden states only, not [T, V] logits."""
+    parameters = inspect.signature(model.forward).parameters
+    for name in ("logits_to_keep", "num_logits_to_keep"):
+        if name in parameters:
+            return {name: 1}
+    return {}
+
+
 class TargetAdapter:
     """A Hugging Face causal LM (Qwen3, Llama, ...) used unmodified: one forward returns the
     logits of every position and the hidden states of the drafter's target layers."""

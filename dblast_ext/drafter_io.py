@@ -71,7 +71,11 @@ def check_against_target(config: DrafterConfig, target_config) -> None:
 
 
 def checkpoint_files(path: str):
-    """(config.json, model.safetensors) of a local drafter checkpoint, or a clear error."""
+    """(config.json, model.safetensors) of a local drafter checkpoint (or an embedded drafter's
+    name, see `embedded_drafters`), or a clear error."""
+    from .embedded_drafters import resolve_drafter
+
+    path = resolve_drafter(path)
     files = os.path.join(path, "config.json"), os.path.join(path, "model.safetensors")
     for needed in files:
         if not os.path.isfile(needed):

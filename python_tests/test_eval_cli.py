@@ -161,5 +161,20 @@ def test_calibration_chooses_z_on_a_split_and_eval_reports_the_rest(setup, capsy
     evaluated = {(r["dataset"], r["prompt_id"]) for r in read_records(str(out / "records.jsonl"))}
     assert not evaluated & held_out and len(evaluated) == 7 - 2
     assert "calibrated" in (out / "report.md").read_text()
-    assert main(["calibrate", *model_args(setup, "--out", str(setup[0] / "cal"), "--grid", "0.5")]) == 0
+    assert main(["calibrate", *model_args(setup, "--out", str(setup[0] / "cal"), "--grid", "0.5",
+                                          "--branches", "4")]) == 0
     assert "chosen Z_T = 0.5" in capsys.readouterr().out
+    assert main(["calibrate", *model_args(setup, "--out", str(setup[0] / "cal1"), "--grid", "0.5")]) == 2
+    assert "one branch" in capsys.readouterr().err
+
+
+def test_calibration_with_one_branch_runs_nothing_but_holds_out_the_same_split(setup):
+    k4, k1 = setup[0] / "calibrated", setup[0] / "calibrated-k1"
+    if not (k4 / "records.jsonl").exists():
+        run_eval(setup, k4, "--branches", "4", "--category-temperature", "calibrate", "--grid", "0,1",
+                 "--all-responses")
+    run_eval(setup, k1, "--category-temperature", "calibrate", "--grid", "0,1", "--all-responses")
+    assert not (k1 / "calibration" / "calibration.json").exists()   # no Z_T runs for K = 1
+    prompts = lambda out: {(r["dataset"], r["prompt_id"]) for r in read_records(str(out / "records.jsonl"))}  # noqa
+    assert prompts(k1) == prompts(k4) and len(prompts(k1)) == 5
+    assert "K = 1" in (k1 / "report.md").read_text()

@@ -160,8 +160,9 @@ def direct_logprobs(hidden, lm_head, labels, ew=None, eb=None):
     return logp.gather(-1, labels[..., None, None].expand(*labels.shape, states.shape[-2], 1)).squeeze(-1)
 
 
+@pytest.mark.parametrize("recompute", [True, False])
 @pytest.mark.parametrize("branches", [1, 4])
-def test_gather_branch_logprobs_equals_the_unchunked_computation(branches):
+def test_gather_branch_logprobs_equals_the_unchunked_computation(branches, recompute):
     g = torch.Generator().manual_seed(0)
     H, V = 16, 50
     hidden = torch.randn(2, 7, H, generator=g, requires_grad=True)
@@ -169,7 +170,7 @@ def test_gather_branch_logprobs_equals_the_unchunked_computation(branches):
     labels = torch.randint(0, V, (2, 7), generator=g)
     ew = (torch.randn(branches * H, H, generator=g) * 0.2).requires_grad_() if branches > 1 else None
     eb = (torch.randn(branches * H, generator=g) * 0.1).requires_grad_() if branches > 1 else None
-    got = gather_branch_logprobs(hidden, lm_head, labels, ew, eb, chunk_size=3, vocab_size=V)
+    got = gather_branch_logprobs(hidden, lm_head, labels, ew, eb, chunk_size=3, vocab_size=V, recompute=recompute)
     want = direct_logprobs(hidden, lm_head[:V], labels, ew, eb)
     assert got.shape == (2, 7, branches)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

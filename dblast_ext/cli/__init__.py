@@ -4,9 +4,9 @@ import argparse
 import sys
 from typing import List, Optional
 
-from . import calibrate, compare, data, diagnose, evaluate, generate, train
+from . import calibrate, compare, data, demo, diagnose, evaluate, generate, train
 
-SUBCOMMANDS = {"generate": generate, "eval": evaluate, "calibrate": calibrate, "compare": compare,
+SUBCOMMANDS = {"demo": demo, "generate": generate, "eval": evaluate, "calibrate": calibrate, "compare": compare,
                "diagnose": diagnose, "train": train, "data": data}
 
 

@@ -1,8 +1,6 @@
 """`dblast calibrate`: choose the category temperature Z_T on a 10% calibration split of the
 given datasets (DBLast §4) and print the grid; `dblast eval --category-temperature calibrate`
 does the same and then evaluates on the other 90%."""
-import sys
-
 from ..eval.calibration import DEFAULT_GRID, parse_grid
 from .common import add_model_args, add_sampling_args, check_args, load_decoder
 from .evaluate import add_eval_args, calibrate_category_temperature, load_all_prompts
@@ -24,7 +22,7 @@ def run(args) -> int:
     prompts = load_all_prompts(args)
     decoder, tokenizer = load_decoder(args)
     if decoder.drafter.num_branches == 1:
-        print("note: the drafter has one branch, so Z_T changes nothing", file=sys.stderr)
+        raise ValueError("the drafter has one branch, so Z_T changes nothing: nothing to calibrate")
     best, _, result = calibrate_category_temperature(args, decoder, tokenizer, prompts, args.out, grid)
     print("| Z_T | macro expected accepted |\n| ---: | ---: |")
     for z, score in zip(result["grid"], result["scores"]):

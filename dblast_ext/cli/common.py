@@ -8,7 +8,9 @@ def add_model_args(p) -> None:
     p.add_argument("--target", default="default",
                    help="local directory of a transformers causal LM (+ tokenizer); 'default' (the default) is the "
                         "embedded SmolLM2-135M-Instruct")
-    p.add_argument("--drafter", required=True, help="local directory of a DFlash or DBLast drafter checkpoint")
+    p.add_argument("--drafter", required=True,
+                   help="local directory of a DFlash or DBLast drafter checkpoint, or an embedded drafter for the "
+                        "default target: dblast-k4 or dflash-k1")
     p.add_argument("--branches", type=int, default=None,
                    help="K: add a K-branch head to a DFlash (K = 1) checkpoint (untrained: for trying the "
                         "machinery; a DBLast checkpoint brings its own)")

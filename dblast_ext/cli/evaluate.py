@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+from ..embedded_drafters import EMBEDDED_DRAFTERS
 from ..eval.calibration import DEFAULT_GRID, calibrate, parse_grid, split_prompts
 from ..eval.datasets import load_prompts, parse_dataset_list
 from ..eval.report import write_report
@@ -49,8 +50,13 @@ def load_all_prompts(args):
     return prompts
 
 
+def model_name(path: str) -> str:
+    """How a run names its target / drafter: the embedded ones by name, others by absolute path."""
+    return path if path == "default" or path in EMBEDDED_DRAFTERS and not os.path.isdir(path) else os.path.abspath(path)
+
+
 def run_settings(args, category_temperature: float, decoder) -> dict:
-    return {"target": os.path.abspath(args.target), "drafter": os.path.abspath(args.drafter),
+    return {"target": model_name(args.target), "drafter": model_name(args.drafter),
             "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
             "branches": decoder.drafter.num_branches, "block_size": decoder.drafter.config.block_size,
             "category_temperature": category_temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
@@ -76,6 +82,11 @@ def calibrate_category_temperature(args, decoder, tokenizer, prompts, out_dir, g
     resumes too) and returns (chosen Z_T, the evaluation split, the calibration result)."""
     calibration_prompts, evaluation_prompts = split_prompts(prompts, 0.1, args.seed)
     os.makedirs(out_dir, exist_ok=True)
+    if decoder.drafter.num_branches == 1:
+        # one branch: Z_T changes nothing, so nothing to run; the split is still held out, so a
+        # K = 1 baseline reports on the same prompts as the K > 1 drafters it is compared with
+        print(f"calibration: K = 1, Z_T has no effect; {len(calibration_prompts)} prompts held out", file=sys.stderr)
+        return 1.0, evaluation_prompts, None
 
     def run_at(z):
         print(f"calibration: Z_T = {z} on {len(calibration_prompts)} prompts", file=sys.stderr)
@@ -127,12 +138,14 @@ def run(args) -> int:
     if calibrating:
         z, prompts, calibration = calibrate_category_temperature(args, decoder, tokenizer, prompts,
                                                                  os.path.join(args.out, "calibration"), grid)
-        print(f"calibration: chose Z_T = {z} (macro expected accepted "
-              f"{max(calibration['scores']):.3f}); evaluating on the other {len(prompts)} prompts", file=sys.stderr)
+        if calibration:
+            print(f"calibration: chose Z_T = {z} (macro expected accepted {max(calibration['scores']):.3f}); "
+                  f"evaluating on the other {len(prompts)} prompts", file=sys.stderr)
     records, settings = generate_records(args, decoder, tokenizer, prompts, os.path.join(args.out, "records.jsonl"),
                                          z, args.measure_speedup)
-    if calibration:
-        settings = dict(settings, category_temperature=f"{z} (calibrated on a 10% split)")
+    if calibrating:
+        settings = dict(settings, category_temperature=f"{z} (calibrated on a 10% split)" if calibration
+                        else "K = 1 (none; the 10% calibration split held out)")
     summary = write_report(args.out, records, settings, eos_only=not args.all_responses)
     print_summary(summary, args.out)
     return 0

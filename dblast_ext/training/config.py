@@ -14,7 +14,10 @@
       "lr": 6e-4, "weight_decay": 0.0, "warmup_ratio": 0.04, "max_grad_norm": 1.0,
       "epochs": 1, "max_steps": null,
       "save_every": 200, "log_every": 10, "seed": 0, "chunk_size": 1024,
-      "device": null, "dtype": "auto"
+      "recompute_logits": true,              # false: keep label logits for backward (faster, more memory)
+      "device": null, "dtype": "auto",
+      "feature_cache": "runs/features",      # optional: target features computed once per data file
+      "autocast": "auto"                     # bfloat16 | off | auto (bfloat16 on CUDA, off on CPU)
     }
 """
 import json
@@ -54,8 +57,11 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 0
     chunk_size: int = 1024
+    recompute_logits: bool = True
     device: Optional[str] = None
     dtype: str = "auto"
+    feature_cache: Optional[str] = None
+    autocast: str = "auto"
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -83,6 +89,10 @@ def validate(c: TrainConfig) -> TrainConfig:
         raise ValueError(f"training config: tau must be >= 0, got {c.tau}")
     if not c.lr > 0 or c.weight_decay < 0 or not 0 <= c.warmup_ratio < 1 or not c.max_grad_norm > 0:
         raise ValueError("training config: need lr > 0, weight_decay >= 0, 0 <= warmup_ratio < 1, max_grad_norm > 0")
+    if not isinstance(c.recompute_logits, bool):
+        raise ValueError(f"training config: recompute_logits must be true or false, got {c.recompute_logits!r}")
+    if c.autocast not in ("auto", "bfloat16", "off"):
+        raise ValueError(f"training config: autocast must be 'auto', 'bfloat16' or 'off', got {c.autocast!r}")
     if c.new_position_weight <= 0 or (c.decay is not None and not 0 < c.decay <= 1):
         raise ValueError("training config: new_position_weight must be > 0 and decay in (0, 1]")
     from ..target_loading import check_target_path

@@ -164,13 +164,15 @@ def _chunk_label_logprobs(hidden, labels, lm_head_weight, expander_weight, expan
 def gather_branch_logprobs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor,
                            expander_weight: Optional[torch.Tensor] = None,
                            expander_bias: Optional[torch.Tensor] = None, *, chunk_size: int = 1024,
-                           vocab_size: Optional[int] = None) -> torch.Tensor:
+                           vocab_size: Optional[int] = None, recompute: bool = True) -> torch.Tensor:
     """log softmax(W h_z)[label] for every row and branch: hidden [..., H], labels [...],
     lm_head_weight [V, H], expander Linear(H -> K*H) giving h_z = h + W_z h + b_z. Returns
     [..., K] (K = 1 without an expander), float32. Runs `chunk_size` rows at a time under
     activation checkpointing, so forward and backward hold one chunk's [chunk, K, V] logits,
     never the whole [rows, K, V]; differentiable in hidden and the expander (and the LM head
-    if it requires grad). `vocab_size` drops padded LM-head rows."""
+    if it requires grad). `vocab_size` drops padded LM-head rows. `recompute=False` keeps
+    every chunk's logits for the backward instead (one matmul fewer per chunk, the memory of
+    all of them: for when they fit)."""
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
     width = hidden.shape[-1]
@@ -190,7 +192,7 @@ def gather_branch_logprobs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, l
         args = (flat_hidden[start:start + chunk_size], flat_labels[start:start + chunk_size], weight,
                 expander_weight, expander_bias)
         needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
-        pieces.append(checkpoint(_chunk_label_logprobs, *args, use_reentrant=False) if needs_grad
+        pieces.append(checkpoint(_chunk_label_logprobs, *args, use_reentrant=False) if needs_grad and recompute
                       else _chunk_label_logprobs(*args))
     branches = pieces[0].shape[-1] if pieces else (expander_weight.shape[0] // width if expander_weight is not None else 1)
     out = torch.cat(pieces) if pieces else hidden.new_zeros(0, branches, dtype=torch.float32)

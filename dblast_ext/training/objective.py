@@ -5,7 +5,7 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
-from ..decoding import TargetAdapter
+from ..decoding import TargetAdapter, features_only_arguments
 from ..drafter import DBlastDrafter
 from .block_forward import block_inputs, drafter_block_hidden
 from .losses import accepted_length_proxy, accepted_length_surrogate, gather_branch_logprobs, nll_independent, \
@@ -66,14 +66,15 @@ def block_labels(batch: Batch, anchors: torch.Tensor, valid: torch.Tensor, block
 @torch.no_grad()
 def target_features(target: TargetAdapter, batch: Batch) -> torch.Tensor:
     """Context features [N, T, L*H] of every position (one inference-mode forward)."""
-    out = target.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
+    out = target.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True,
+                       **features_only_arguments(target.model))
     return torch.cat([out.hidden_states[l + 1] for l in target.layer_ids], dim=-1)
 
 
 def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, objective: str, num_anchors: int,
                generator: torch.Generator, tau: float = 0.1, al_variant: str = "all_prefixes",
                position_weights: Optional[torch.Tensor] = None, chunk_size: int = 1024,
-               features: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+               features: Optional[torch.Tensor] = None, recompute_logits: bool = True) -> Dict[str, torch.Tensor]:
     """{"loss", "accepted_proxy", "blocks"} of one batch. `features` (the target's context
     features) may be passed in when computed already."""
     if features is None:
@@ -87,7 +88,8 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
     expander = ((drafter.branch_expander.weight, drafter.branch_expander.bias) if drafter.num_branches > 1
                 else (None, None))
     logprobs = gather_branch_logprobs(hidden[:, :, 1:], target.lm_head_weight.detach(), labels, *expander,
-                                      chunk_size=chunk_size, vocab_size=target.vocab_size)   # [N, M, b, K]
+                                      chunk_size=chunk_size, vocab_size=target.vocab_size,
+                                      recompute=recompute_logits)   # [N, M, b, K]
     branch_lp = logprobs.transpose(-1, -2)                                                   # [N, M, K, b]
     if drafter.num_branches > 1:
         prior_logits = drafter.prior_head(hidden[:, :, 0]).float()

@@ -28,6 +28,7 @@ from ..progress import progress_bar
 from ..target_loading import default_device, load_target
 from .config import TrainConfig
 from .data import read_training_data
+from .feature_cache import FeatureCache
 from .losses import decay_weights, flat_step_weights
 from .objective import batch_loss, collate
 
@@ -44,6 +45,14 @@ def default_target_layers(num_target_layers: int, num_draft_layers: int) -> List
 
 def _seed(*parts) -> int:
     return zlib.crc32("/".join(str(p) for p in parts).encode())
+
+
+def target_rope_theta(target_config) -> float:
+    """The target's RoPE base: a config field in transformers 4, inside `rope_parameters` in 5."""
+    theta = getattr(target_config, "rope_theta", None)
+    if theta is None:
+        theta = (getattr(target_config, "rope_parameters", None) or {}).get("rope_theta")
+    return float(theta or 1e6)
 
 
 def build_drafter(config: TrainConfig, target) -> (DBlastDrafter, Optional[int]):
@@ -75,7 +84,7 @@ def build_drafter(config: TrainConfig, target) -> (DBlastDrafter, Optional[int])
         block_size=config.block_size or 16, num_target_layers=tc.num_hidden_layers,
         target_layer_ids=spec.pop("target_layer_ids", default_target_layers(tc.num_hidden_layers, layers)),
         mask_token_id=spec.pop("mask_token_id"), vocab_size=tc.vocab_size, rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
-        rope_theta=spec.pop("rope_theta", getattr(tc, "rope_theta", 1e6) or 1e6))
+        rope_theta=spec.pop("rope_theta", target_rope_theta(tc)))
     if spec:
         raise ValueError(f"training config: unknown drafter fields {sorted(spec)}")
     check_against_target(drafter_config, tc)
@@ -130,6 +139,18 @@ class _Distributed:
             dist.barrier()
 
 
+def training_autocast(config: TrainConfig, device: str):
+    """bf16 autocast for the drafter's matmuls (the [rows, K, V] label logits above all):
+    `auto` turns it on for CUDA unless the run asks for float32; on a CPU with bf16 matmul
+    instructions `bfloat16` about halves a step. Master weights stay float32."""
+    mode = config.autocast
+    if mode == "auto":
+        mode = "bfloat16" if device.startswith("cuda") and config.dtype != "float32" else "off"
+    if mode == "off":
+        return torch.autocast("cpu", enabled=False)
+    return torch.autocast(device.split(":")[0], dtype=torch.bfloat16)
+
+
 @functools.lru_cache(maxsize=4)
 def _epoch_order(count: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(count, generator=torch.Generator().manual_seed(_seed(seed, "epoch", epoch)))
@@ -146,16 +167,20 @@ def _batch_indices(count: int, step: int, micro: int, config: TrainConfig, rank:
     return indices
 
 
-def evaluate(drafter, target, records, config, weights, device) -> Dict[str, float]:
+def evaluate(drafter, target, records, config, weights, device, cache: Optional[FeatureCache] = None) \
+        -> Dict[str, float]:
     """Mean loss and acceptance proxy over held-out records (fixed anchors)."""
     totals, blocks = {"loss": 0.0, "accepted_proxy": 0.0}, 0
     with torch.no_grad():
         for start in range(0, len(records), config.batch_size):
-            batch = collate(records[start:start + config.batch_size], device)
+            indices = list(range(start, min(start + config.batch_size, len(records))))
+            batch = collate([records[i] for i in indices], device)
+            features = cache.batch(indices, batch.input_ids.shape[1], device) if cache else None
             out = batch_loss(drafter, target, batch, objective=config.objective, num_anchors=config.num_anchors,
                              generator=torch.Generator().manual_seed(_seed(config.seed, "eval", start)),
                              tau=config.tau, al_variant=config.al_variant, position_weights=weights,
-                             chunk_size=config.chunk_size)
+                             chunk_size=config.chunk_size, features=features,
+                                 recompute_logits=config.recompute_logits)
             n = int(out["blocks"])
             totals["loss"] += float(out["loss"]) * n
             totals["accepted_proxy"] += float(out["accepted_proxy"]) * n
@@ -178,6 +203,13 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
     target = TargetAdapter(target_model, drafter.config.target_layer_ids)
     records = read_training_data(config.data)
     eval_records = read_training_data(config.eval_data) if config.eval_data else None
+    cache = eval_cache = None
+    if config.feature_cache:
+        build = dict(progress=progress and parallel.rank == 0)
+        cache = FeatureCache.open_or_build(config.feature_cache, records, config.data, config.target, target, **build)
+        if eval_records:
+            eval_cache = FeatureCache.open_or_build(config.feature_cache, eval_records, config.eval_data,
+                                                    config.target, target, **build)
     weights = position_weights(config, drafter.config.block_size - 1, trained_block)
     if weights is not None:
         weights = weights.to(device)
@@ -196,8 +228,7 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         start = state["step"]
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") and config.dtype != "float32"
-                else torch.autocast("cpu", enabled=False))
+    autocast = training_autocast(config, device)
     bar = progress_bar(total, initial=start, desc="training", unit="step", enabled=progress and parallel.rank == 0)
     log_path = os.path.join(config.out, "train_log.jsonl")
     history = []
@@ -206,14 +237,16 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
         optimizer.zero_grad(set_to_none=True)
         loss_sum = proxy_sum = 0.0
         for micro in range(config.grad_accum):
-            batch = collate([records[i] for i in _batch_indices(len(records), step, micro, config, parallel.rank,
-                                                                parallel.world)], device)
+            indices = _batch_indices(len(records), step, micro, config, parallel.rank, parallel.world)
+            batch = collate([records[i] for i in indices], device)
+            features = cache.batch(indices, batch.input_ids.shape[1], device) if cache else None
             with autocast:
                 out = batch_loss(drafter, target, batch, objective=config.objective, num_anchors=config.num_anchors,
                                  generator=torch.Generator().manual_seed(
                                      _seed(config.seed, step, micro * parallel.world + parallel.rank)),
                                  tau=config.tau, al_variant=config.al_variant, position_weights=weights,
-                                 chunk_size=config.chunk_size)
+                                 chunk_size=config.chunk_size, features=features,
+                                 recompute_logits=config.recompute_logits)
             (out["loss"] / config.grad_accum).backward()
             loss_sum += float(out["loss"].detach()) / config.grad_accum
             proxy_sum += float(out["accepted_proxy"]) / config.grad_accum
@@ -232,7 +265,8 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
                 f.write(json.dumps(entry) + "\n")
         if (step + 1) % config.save_every == 0 or last:
             if parallel.rank == 0:
-                held_out = evaluate(drafter, target, eval_records, config, weights, device) if eval_records else None
+                held_out = (evaluate(drafter, target, eval_records, config, weights, device, eval_cache)
+                            if eval_records else None)
                 save_checkpoint(drafter, optimizer, scheduler, config, step + 1, held_out)
             parallel.barrier()
         if stop_at_step is not None and step + 1 == stop_at_step:

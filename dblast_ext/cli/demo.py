@@ -1,0 +1,87 @@
+"""`dblast demo`: the main job on the embedded pair, no downloads. SmolLM2-135M-Instruct drafted
+by the shipped DBLast drafter answers a few built-in prompts at temperature 1.0 (top-p 0.95,
+top-k 20); the answers stream, and each prompt's committed length per target pass is
+printed, then the acceptance histogram over every cycle and the measured speed-up over
+sampling with the target alone (same prompts, seeds and filter)."""
+import sys
+
+from ..embedded_drafters import EMBEDDED_DRAFTERS
+from ..target_loading import TextStream, encode_messages, stop_token_ids
+from .common import add_sampling_args, check_args, load_decoder, sampling_of
+from .display import acceptance_histogram, rate
+
+DEMO_PROMPTS = (
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "What is the sum of the first 20 positive odd numbers?",
+    "Give me three tips for staying focused while studying.",
+)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("demo", help="speculative sampling on the embedded SmolLM2 + DBLast pair",
+                              description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p.add_argument("--drafter", default="dblast-k4", choices=sorted(EMBEDDED_DRAFTERS),
+                   help="which embedded drafter drafts (default dblast-k4)")
+    add_sampling_args(p, temperature=1.0)
+    p.set_defaults(top_p=0.95, top_k=20, max_new_tokens=128)
+    p.add_argument("--prompts", type=int, default=len(DEMO_PROMPTS),
+                   help=f"how many of the {len(DEMO_PROMPTS)} built-in prompts to answer")
+    p.add_argument("--no-compare", action="store_true", help="skip the target-only runs (no speed-up figure)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run(args) -> int:
+    if not 1 <= args.prompts <= len(DEMO_PROMPTS):
+        raise ValueError(f"--prompts must be in 1..{len(DEMO_PROMPTS)}, got {args.prompts}")
+    args.target, args.branches, args.block_size, args.no_kernels = "default", None, None, False
+    check_args(args)
+    out = sys.stdout
+    print("loading SmolLM2-135M-Instruct (the first run dequantises it once) ...", file=sys.stderr)
+    decoder, tokenizer = load_decoder(args)
+    drafter = decoder.drafter
+    sampling = sampling_of(args)
+    stops = stop_token_ids(decoder.target.model, tokenizer)
+    print(f"target SmolLM2-135M-Instruct, drafter {args.drafter} (K = {drafter.num_branches}, block "
+          f"{drafter.config.block_size}); temperature {args.temperature}, top-p {args.top_p}, top-k {args.top_k}, "
+          f"up to {args.max_new_tokens} new tokens\n", file=out)
+    prompts = [encode_messages(tokenizer, [{"role": "user", "content": text}]) for text in DEMO_PROMPTS[:args.prompts]]
+    warm = dict(sampling=sampling, max_new_tokens=min(8, args.max_new_tokens), stop_token_ids=stops)
+    decoder.generate(prompts[0], **warm)   # one-time costs stay out of the timings
+    if not args.no_compare:
+        decoder.generate_autoregressive(prompts[0], **warm)
+
+    accepted, spec_tokens, spec_time, ar_tokens, ar_time = [], 0, 0.0, 0, 0.0
+    for i, (text, ids) in enumerate(zip(DEMO_PROMPTS, prompts)):
+        print(f"[{i + 1}/{len(prompts)}] {text}", file=out)
+        run_kwargs = dict(sampling=sampling, max_new_tokens=args.max_new_tokens, stop_token_ids=stops,
+                          seed=args.seed + i)
+        stream = TextStream(tokenizer, lambda piece: (out.write(piece), out.flush()))
+        result = decoder.generate(ids, **run_kwargs, on_tokens=stream)
+        cycles = [c.num_accepted for c in result.cycles]
+        accepted += cycles
+        spec_tokens += len(result.token_ids)
+        spec_time += result.wall_time
+        line = f"\n    -> {rate(len(result.token_ids), result.wall_time)}"
+        if cycles:
+            line += f", committed length {sum(n + 1 for n in cycles) / len(cycles):.2f} tokens per target pass"
+        if not args.no_compare:
+            base = decoder.generate_autoregressive(ids, **run_kwargs)
+            ar_tokens += len(base.token_ids)
+            ar_time += base.wall_time
+            line += (f"; target alone {len(base.token_ids) / base.wall_time:.1f} tok/s, speed-up "
+                     f"{(base.wall_time / len(base.token_ids)) / (result.wall_time / len(result.token_ids)):.2f}x")
+        print(line + "\n", file=out)
+
+    print(f"all prompts: {len(accepted)} cycles, committed length "
+          f"{sum(n + 1 for n in accepted) / max(1, len(accepted)):.2f} tokens per target pass; accepted drafts "
+          "per cycle:", file=out)
+    print(acceptance_histogram([accepted.count(n) for n in range(drafter.config.block_size)]), file=out)
+    print(f"speculative sampling: {rate(spec_tokens, spec_time)}", file=out)
+    if not args.no_compare:
+        speedup = (ar_time / ar_tokens) / (spec_time / spec_tokens)
+        print(f"target alone:         {rate(ar_tokens, ar_time)}\nspeed-up: {speedup:.2f}x", file=out)
+    return 0

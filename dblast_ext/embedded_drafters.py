@@ -1,0 +1,27 @@
+"""The drafters shipped inside the package for the embedded default target (SmolLM2-135M-
+Instruct, `--target default`): `dflash-k1` (K = 1, NLL) and `dblast-k4` (K = 4, accepted-
+length surrogate), both block 16, bf16 safetensors in DFlash format, made by
+`recipes/smollm2/run.sh`. Wherever a drafter directory is expected, one of these names
+selects the embedded checkpoint (a local directory of the same name wins)."""
+import os
+from typing import Dict
+
+EMBEDDED_DRAFTERS: Dict[str, str] = {
+    "dflash-k1": "K = 1 DFlash-style drafter trained with NLL",
+    "dblast-k4": "K = 4 DBLast drafter trained with the accepted-length surrogate (tau 0.1)",
+}
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drafters", "smollm2-135m-instruct")
+
+
+def embedded_drafter_dir(name: str) -> str:
+    """The directory of an embedded drafter, by name."""
+    if name not in EMBEDDED_DRAFTERS:
+        raise ValueError(f"no embedded drafter {name!r}; the embedded ones are {sorted(EMBEDDED_DRAFTERS)}")
+    return os.path.join(_ROOT, name)
+
+
+def resolve_drafter(path: str) -> str:
+    """A drafter argument to a directory: an embedded name unless a directory of that name exists."""
+    if path in EMBEDDED_DRAFTERS and not os.path.isdir(path):
+        return embedded_drafter_dir(path)
+    return path

@@ -1,0 +1,112 @@
+"""The target-feature cache: it holds exactly the features the online trainer computes, a run
+that reads it follows the online run, it is rebuilt when its data file changes, and the bf16
+autocast option trains on the CPU."""
+import json
+import os
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from dblast_ext.decoding import SamplingParams, TargetAdapter  # noqa: E402
+from dblast_ext.eval.datasets import load_prompts  # noqa: E402
+from dblast_ext.target_loading import load_target  # noqa: E402
+from dblast_ext.training.config import TrainConfig, validate  # noqa: E402
+from dblast_ext.training.data import generate_training_data, read_training_data  # noqa: E402
+from dblast_ext.training.feature_cache import FeatureCache  # noqa: E402
+from dblast_ext.training.objective import collate, target_features  # noqa: E402
+from dblast_ext.training.trainer import train  # noqa: E402
+from tiny_models import write_tiny_target_dir  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("features")
+    target_dir = write_tiny_target_dir(root / "target", logit_scale=10.0, eos_id=1)
+    rng = random.Random(3)
+    lines = [json.dumps({"prompt": " ".join(f"t{rng.randrange(3, 96)}" for _ in range(rng.randrange(2, 8)))})
+             for _ in range(20)]
+    (root / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    model, tokenizer = load_target(target_dir, device="cpu")
+    generate_training_data(model, tokenizer, load_prompts(str(root / "prompts.jsonl")), str(root / "train.jsonl"),
+                           sampling=SamplingParams(0.7, 20, 0.8), max_new_tokens=20, batch_size=8, seed=0,
+                           progress=False)
+    return root, target_dir, str(root / "train.jsonl")
+
+
+def test_cached_features_equal_the_online_features(world):
+    root, target_dir, data = world
+    model, _ = load_target(target_dir, device="cpu")
+    target = TargetAdapter(model, [0, 1])
+    records = read_training_data(data)
+    cache = FeatureCache.open_or_build(str(root / "cache"), records, data, target_dir, target, batch_size=3,
+                                       progress=False)
+    assert len(cache) == len(records)
+    indices = [5, 0, 17, 9]
+    batch = collate([records[i] for i in indices], "cpu")
+    online = target_features(target, batch)
+    cached = cache.batch(indices, batch.input_ids.shape[1], "cpu")
+    assert cached.shape == online.shape == (4, batch.input_ids.shape[1], 2 * model.config.hidden_size)
+    for n, i in enumerate(indices):
+        length = len(records[i]["input_ids"])
+        torch.testing.assert_close(cached[n, :length], online[n, :length], rtol=1e-5, atol=1e-5)
+        assert torch.all(cached[n, length:] == 0)
+
+
+def test_cache_is_reused_and_rebuilt_when_the_data_changes(world, tmp_path):
+    _, target_dir, data = world
+    model, _ = load_target(target_dir, device="cpu")
+    target = TargetAdapter(model, [1])
+    records = read_training_data(data)
+    first = FeatureCache.open_or_build(str(tmp_path), records, data, target_dir, target, progress=False)
+    stamp = os.stat(first.path).st_mtime_ns
+    again = FeatureCache.open_or_build(str(tmp_path), records, data, target_dir, target, progress=False)
+    assert again.path == first.path and os.stat(again.path).st_mtime_ns == stamp   # read, not rebuilt
+    changed = tmp_path / "fewer.jsonl"
+    changed.write_text("".join(line for line in open(data).readlines()[:7]))
+    fewer = FeatureCache.open_or_build(str(tmp_path), read_training_data(str(changed)), str(changed), target_dir,
+                                       target, progress=False)
+    assert fewer.path != first.path and len(fewer) == 7
+    torch.testing.assert_close(fewer.record(6), first.record(6))
+    # other target layers make another cache
+    other = FeatureCache.open_or_build(str(tmp_path), records, data, target_dir, TargetAdapter(model, [0]),
+                                       progress=False)
+    assert other.path != first.path
+    assert not torch.allclose(other.record(0), first.record(0))
+
+
+def _config(world, out, **overrides):
+    root, target_dir, data = world
+    fields = dict(target=target_dir, data=data, eval_data=data, out=str(root / out), init_from=None,
+                  drafter={"num_hidden_layers": 1, "mask_token_id": 2}, num_branches=4, block_size=4,
+                  objective="al", num_anchors=4, batch_size=4, lr=3e-3, max_steps=6, save_every=3, log_every=1,
+                  device="cpu")
+    fields.update(overrides)
+    return validate(TrainConfig(**fields))
+
+
+def test_training_from_the_cache_follows_the_online_run(world):
+    root = world[0]
+    online = train(_config(world, "online"), progress=False)
+    cached = train(_config(world, "cached", feature_cache=str(root / "run-cache")), progress=False)
+    for a, b in zip(online["history"], cached["history"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-5)
+    held_online = [json.loads(x) for x in open(root / "online" / "eval_log.jsonl")]
+    held_cached = [json.loads(x) for x in open(root / "cached" / "eval_log.jsonl")]
+    assert [h["loss"] for h in held_online] == pytest.approx([h["loss"] for h in held_cached], rel=1e-4)
+    assert len(list((root / "run-cache").glob("*.safetensors"))) == 1   # train and eval data are one file here
+
+
+def test_bf16_autocast_trains_on_cpu_close_to_float32(world):
+    full = train(_config(world, "fp32-run", max_steps=2, save_every=2), progress=False)
+    half = train(_config(world, "bf16-run", max_steps=2, save_every=2, autocast="bfloat16"), progress=False)
+    first_full, first_half = full["history"][0]["loss"], half["history"][0]["loss"]
+    assert first_half != first_full                          # the matmuls did run in bf16
+    assert first_half == pytest.approx(first_full, rel=0.05)  # ...and the loss is the same to bf16 precision
+
+
+def test_bad_autocast_is_refused(world):
+    with pytest.raises(ValueError, match="autocast"):
+        _config(world, "bad", autocast="fp8")
