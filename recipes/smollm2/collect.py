@@ -1,0 +1,107 @@
+"""Gathers the embedded pair's evaluation (recipes/smollm2/eval.sh) into a results folder:
+each run's report.md, summary.json, calibration and plots, the determinism diagnostic, and
+results.md with the tables the README shows.
+
+    python recipes/smollm2/collect.py --runs runs/smollm2-eval --out results/smollm2
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+
+ARMS = ("dflash-k1", "dblast-k4")
+TEMPERATURES = ("0", "0.7", "1.0", "1.5")
+FILTERS = {"0": "greedy", "0.7": "top-p 0.8", "1.0": "top-p 0.95", "1.5": "top-p 0.95"}
+DATASETS = ("gsm8k", "mtbench", "humaneval", "math500")
+
+
+def load(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def fmt(value, digits=2):
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def tau_cell(s):
+    if s is None:
+        return "-"
+    return f"{s['tau']:.2f} [{s['tau_ci'][0]:.2f}, {s['tau_ci'][1]:.2f}]"
+
+
+def copy_run(src, dst, runs_root):
+    """Copies a run's reports; text files name the runs folder as `runs`, not where it was."""
+    os.makedirs(dst, exist_ok=True)
+    for pattern in ("report.md", "summary.json", "*.png", "calibration/calibration.json", "calibration/*.png",
+                    "determinism.*"):
+        for path in glob.glob(os.path.join(src, pattern)):
+            target = os.path.join(dst, os.path.relpath(path, src).replace("/", "_"))
+            if path.endswith((".json", ".md")):
+                with open(path) as f:
+                    text = f.read()
+                for where in (os.path.abspath(runs_root), runs_root):
+                    text = text.replace(where, "runs")
+                with open(target, "w") as f:
+                    f.write(text)
+            else:
+                shutil.copyfile(path, target)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    main_rows, detail_rows = [], []
+    for t in TEMPERATURES:
+        for arm in ARMS:
+            accept_dir = os.path.join(args.runs, "accept", f"{arm}-T{t}")
+            speed_dir = os.path.join(args.runs, "speed", f"{arm}-T{t}")
+            accept, speed = load(os.path.join(accept_dir, "summary.json")), load(os.path.join(speed_dir, "summary.json"))
+            if accept is None:
+                continue
+            copy_run(accept_dir, os.path.join(args.out, f"{arm}-T{t}"), args.runs)
+            if speed is not None:
+                copy_run(speed_dir, os.path.join(args.out, f"{arm}-T{t}-speed"), args.runs)
+            calibration = load(os.path.join(accept_dir, "calibration", "calibration.json"))
+            zt = fmt(calibration["best"], 1) if calibration else "-"
+            per = accept["datasets"]
+            speedups = {d: speed["datasets"].get(d, {}).get("speedup") for d in DATASETS} if speed else {}
+            ceiling = [per[d]["ceiling_fraction"] for d in DATASETS if d in per]
+            main_rows.append(
+                f"| {t} ({FILTERS[t]}) | {arm} | {zt} | " + " | ".join(tau_cell(per.get(d)) for d in DATASETS)
+                + f" | {fmt(accept['macro']['expected_accepted'])} | "
+                + (f"{100 * sum(ceiling) / len(ceiling):.1f}% | " if ceiling else "- | ")
+                + " | ".join(fmt(speedups.get(d)) + ("x" if speedups.get(d) else "") for d in ("gsm8k",))
+                + f" | {fmt(speed['macro'].get('speedup') if speed else None)}{'x' if speed else ''} |")
+            for d in DATASETS:
+                s = per.get(d)
+                if s is None:
+                    continue
+                detail_rows.append(
+                    f"| {t} | {arm} | {d} | {tau_cell(s)} | {s['cycle_mean']:.2f} [{s['cycle_mean_ci'][0]:.2f}, "
+                    f"{s['cycle_mean_ci'][1]:.2f}] | {100 * s['ceiling_fraction']:.1f}% | {fmt(s['expected_accepted'])} "
+                    f"| {fmt(speedups.get(d))}{'x' if speedups.get(d) else ''} | {s['n_prompts']} | "
+                    f"{s['n_eos_terminated']}/{s['n_responses']} | {s['n_cycles']} |")
+    header = ("| temperature | drafter | Z_T | tau GSM8K | tau MT-Bench | tau HumanEval | tau MATH-500 | "
+              "macro expected accepted | ceiling (mean) | speed-up GSM8K | speed-up macro |\n"
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    detail_header = ("| T | drafter | dataset | tau [95% CI] | cycle mean [95% CI] | ceiling | expected accepted | "
+                     "speed-up | prompts | EOS / responses | cycles |\n"
+                     "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    determinism = os.path.join(args.runs, "determinism")
+    if os.path.isdir(determinism):
+        copy_run(determinism, os.path.join(args.out, "determinism"), args.runs)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write("# SmolLM2-135M-Instruct with the embedded drafters\n\n" + header + "\n" + "\n".join(main_rows)
+                + "\n\n## Per dataset\n\n" + detail_header + "\n" + "\n".join(detail_rows) + "\n")
+    print(header + "\n" + "\n".join(main_rows))
+
+
+if __name__ == "__main__":
+    main()

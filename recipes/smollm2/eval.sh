@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The README's results for the embedded pair: `dblast eval` of dflash-k1 and dblast-k4 on GSM8K,
+# MT-Bench, HumanEval and MATH-500 (PROMPTS per dataset: a seeded 10% calibration split, the
+# rest reported), at most 256 new tokens, at temperature 0 (greedy), 0.7 / top-p 0.8, 1.0 /
+# top-p 0.95 and 1.5 / top-p 0.95, top-k 20; Z_T of dblast-k4 calibrated on the split (K = 1
+# has no Z_T: its runs hold the same split out, so both arms report on the same prompts).
+# Phases (PHASES, default all, in this order; each resumable, rerun to continue):
+#   accept   acceptance statistics, WORKERS processes of one thread each (these statistics do
+#            not depend on timing, so the runs share the cores)
+#   speed    speed-up over target-only sampling: one process at a time with every core, on
+#            the first SPEED_PROMPTS prompts of each dataset (the same prompts and seeds)
+#   determinism  accepted length binned by early determinism, MT-Bench, temperature 1.0
+#   collect  report files (summary, report, plots; not the records) into results/smollm2/
+# Environment: OUT (runs, default runs/smollm2-eval), PROMPTS (45), SPEED_PROMPTS (10),
+# WORKERS (2), GRID (the Z_T grid, 0,0.5,1), MAX_NEW_TOKENS (256; smaller only for a smoke run).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-runs/smollm2-eval} PROMPTS=${PROMPTS:-45} SPEED_PROMPTS=${SPEED_PROMPTS:-10} WORKERS=${WORKERS:-2}
+GRID=${GRID:-0,0.5,1} PHASES=${PHASES:-accept speed determinism collect} MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
+DATASETS=gsm8k,mtbench,humaneval,math500
+mkdir -p "$OUT"
+
+sampling() {  # the filter of each temperature setting
+  case $1 in
+    0) echo "--temperature 0 --top-k 20" ;;
+    0.7) echo "--temperature 0.7 --top-p 0.8 --top-k 20" ;;
+    *) echo "--temperature $1 --top-p 0.95 --top-k 20" ;;
+  esac
+}
+
+one_run() {  # one_run ARM T: the acceptance run of one arm at one temperature
+  local arm=$1 t=$2
+  OMP_NUM_THREADS=1 dblast eval --drafter "$arm" --datasets "$DATASETS" --num-prompts "$PROMPTS" $(sampling "$t") \
+    --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature calibrate --grid "$GRID" --no-progress \
+    --out "$OUT/accept/$arm-T$t" > "$OUT/accept-$arm-T$t.log" 2>&1 \
+    && echo "done $arm T=$t ($(date -u +%T))" || { echo "FAILED $arm T=$t: see $OUT/accept-$arm-T$t.log"; return 1; }
+}
+export -f one_run sampling
+export OUT PROMPTS DATASETS GRID MAX_NEW_TOKENS
+
+for phase in $PHASES; do
+  echo "== $phase ($(date -u +%T))"
+  case $phase in
+    accept)
+      for t in 0.7 1.0 1.5 0; do for arm in dblast-k4 dflash-k1; do echo "$arm $t"; done; done \
+        | xargs -P "$WORKERS" -L 1 bash -c 'one_run "$0" "$1"' ;;
+    speed)
+      for t in 0.7 1.0 1.5 0; do
+        for arm in dblast-k4 dflash-k1; do
+          dblast eval --drafter "$arm" --datasets "$DATASETS" --num-prompts "$SPEED_PROMPTS" $(sampling "$t") \
+            --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature "$(python recipes/smollm2/chosen_zt.py "$OUT/accept/$arm-T$t")" \
+            --measure-speedup --all-responses --no-progress --out "$OUT/speed/$arm-T$t" | tail -2
+        done
+      done ;;
+    determinism)
+      dblast diagnose determinism --drafter dblast-k4 --datasets mtbench --num-prompts 20 $(sampling 1.0) \
+        --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature "$(python recipes/smollm2/chosen_zt.py "$OUT/accept/dblast-k4-T1.0")" \
+        --truncations "${TRUNCATIONS:-200}" --samples 10 --out "$OUT/determinism" | tail -8 ;;
+    collect)
+      python recipes/smollm2/collect.py --runs "$OUT" --out results/smollm2 ;;
+    *) echo "unknown phase $phase"; exit 2 ;;
+  esac
+done
+echo "== done ($(date -u +%T))"

