@@ -14,7 +14,7 @@
 # LAYERS (drafter layers), TARGET_LAYERS (target layers the drafter reads), PACKAGE.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PROMPTS=${PROMPTS:-480} BASE_STEPS=${BASE_STEPS:-1200} STEPS=${STEPS:-400} LAYERS=${LAYERS:-2}
+PROMPTS=${PROMPTS:-480} BASE_STEPS=${BASE_STEPS:-1200} STEPS=${STEPS:-600} LAYERS=${LAYERS:-2}
 TARGET_LAYERS=${TARGET_LAYERS:-1, 8, 14, 21, 27} PACKAGE=${PACKAGE:-1}
 WORK=${WORK:-runs/smollm2}
 MASK=16   # <empty_output>: a special token chat text never contains, used as the drafter's mask
