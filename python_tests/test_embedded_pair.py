@@ -98,10 +98,11 @@ def test_sampled_generation_runs_and_is_reproducible(target):
 
 
 @needs_smollm2
-def test_dblast_demo_runs_within_minutes():
+def test_dblast_demo_runs_within_minutes(tmp_path):
     started = time.time()
+    # from another directory, so that the installed package runs (not a source tree without its build)
     done = subprocess.run([sys.executable, "-m", "dblast_ext.cli", "demo", "--max-new-tokens", "32"],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert time.time() - started < 300
     out = done.stdout
