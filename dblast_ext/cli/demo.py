@@ -8,7 +8,7 @@ import sys
 from ..embedded_drafters import EMBEDDED_DRAFTERS
 from ..target_loading import TextStream, encode_messages, stop_token_ids
 from .common import add_sampling_args, check_args, load_decoder, sampling_of
-from .display import acceptance_histogram, rate
+from .display import acceptance_histogram, committed_length, rate, speedup
 
 DEMO_PROMPTS = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -70,21 +70,20 @@ def run(args) -> int:
         spec_time += result.wall_time
         line = f"\n    -> {rate(len(result.token_ids), result.wall_time)}"
         if cycles:
-            line += f", committed length {sum(n + 1 for n in cycles) / len(cycles):.2f} tokens per target pass"
+            line += f", committed length {committed_length(cycles):.2f} tokens per target pass"
         if not args.no_compare:
             base = decoder.generate_autoregressive(ids, **run_kwargs)
             ar_tokens += len(base.token_ids)
             ar_time += base.wall_time
             line += (f"; target alone {len(base.token_ids) / base.wall_time:.1f} tok/s, speed-up "
-                     f"{(base.wall_time / len(base.token_ids)) / (result.wall_time / len(result.token_ids)):.2f}x")
+                     f"{speedup(len(base.token_ids), base.wall_time, len(result.token_ids), result.wall_time):.2f}x")
         print(line + "\n", file=out)
 
-    print(f"all prompts: {len(accepted)} cycles, committed length "
-          f"{sum(n + 1 for n in accepted) / max(1, len(accepted)):.2f} tokens per target pass; accepted drafts "
-          "per cycle:", file=out)
+    print(f"all prompts: {len(accepted)} cycles, committed length {committed_length(accepted):.2f} tokens per "
+          "target pass; accepted drafts per cycle:", file=out)
     print(acceptance_histogram([accepted.count(n) for n in range(drafter.config.block_size)]), file=out)
     print(f"speculative sampling: {rate(spec_tokens, spec_time)}", file=out)
     if not args.no_compare:
-        speedup = (ar_time / ar_tokens) / (spec_time / spec_tokens)
-        print(f"target alone:         {rate(ar_tokens, ar_time)}\nspeed-up: {speedup:.2f}x", file=out)
+        print(f"target alone:         {rate(ar_tokens, ar_time)}\n"
+              f"speed-up: {speedup(ar_tokens, ar_time, spec_tokens, spec_time):.2f}x", file=out)
     return 0

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ..embedded_drafters import EMBEDDED_DRAFTERS
+from ..embedded_drafters import resolve_drafter
 from ..eval.calibration import DEFAULT_GRID, calibrate, parse_grid, split_prompts
 from ..eval.datasets import load_prompts, parse_dataset_list
 from ..eval.report import write_report
@@ -52,7 +52,7 @@ def load_all_prompts(args):
 
 def model_name(path: str) -> str:
     """How a run names its target / drafter: the embedded ones by name, others by absolute path."""
-    return path if path == "default" or path in EMBEDDED_DRAFTERS and not os.path.isdir(path) else os.path.abspath(path)
+    return path if path == "default" or resolve_drafter(path) != path else os.path.abspath(path)
 
 
 def run_settings(args, category_temperature: float, decoder) -> dict:

@@ -6,7 +6,7 @@ import sys
 
 from ..target_loading import TextStream, encode_prompt, stop_token_ids
 from .common import add_model_args, add_sampling_args, check_args, load_decoder, sampling_of
-from .display import acceptance_histogram, rate
+from .display import acceptance_histogram, committed_length, rate, speedup
 
 
 def add_parser(subparsers) -> None:
@@ -52,14 +52,14 @@ def run(args) -> int:
         "new_tokens": new_tokens, "stopped_by_eos": out.stopped_by_eos, "wall_time": out.wall_time,
         "cycles": len(accepted), "accepted": accepted,
         # committed per target pass: n + 1 per cycle; the prefill's first token is not a cycle's
-        "committed_length": sum(n + 1 for n in accepted) / len(accepted) if accepted else None,
+        "committed_length": committed_length(accepted) if accepted else None,
         "expected_accepted": [c.expected_accepted for c in out.cycles],
         "block_size": drafter.config.block_size, "num_branches": drafter.num_branches,
     }
     if args.compare_ar:
         base = decoder.generate_autoregressive(ids, **run_kwargs)
         figures.update(ar_new_tokens=len(base.token_ids), ar_wall_time=base.wall_time,
-                       speedup=(base.wall_time / len(base.token_ids)) / (out.wall_time / new_tokens))
+                       speedup=speedup(len(base.token_ids), base.wall_time, new_tokens, out.wall_time))
 
     if args.json:
         figures.update(text=tokenizer.decode(out.token_ids, skip_special_tokens=True), token_ids=out.token_ids)

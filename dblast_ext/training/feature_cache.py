@@ -62,19 +62,9 @@ class FeatureCache:
         path = os.path.join(directory, name)
         with open(path + ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)   # a second trainer waits here while the first builds
-            if not (os.path.exists(path) and cls._metadata(path) == key and cls._count(path) == len(records)):
+            if not _matches(path, key, len(records)):
                 _build(path, records, target, key, batch_size, progress)
         return cls(path)
-
-    @staticmethod
-    def _metadata(path: str) -> dict:
-        with safe_open(path, framework="pt") as f:
-            return f.metadata() or {}
-
-    @staticmethod
-    def _count(path: str) -> int:
-        with safe_open(path, framework="pt") as f:
-            return f.get_slice("offsets").get_shape()[0] - 1
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -89,6 +79,14 @@ class FeatureCache:
         for n, row in enumerate(rows):
             out[n, : row.shape[0]] = row
         return out.to(device)
+
+
+def _matches(path: str, key: dict, count: int) -> bool:
+    """An existing cache file made from `key` that holds `count` records."""
+    if not os.path.exists(path):
+        return False
+    with safe_open(path, framework="pt") as f:
+        return (f.metadata() or {}) == key and f.get_slice("offsets").get_shape()[0] - 1 == count
 
 
 @torch.no_grad()

@@ -167,6 +167,13 @@ def _batch_indices(count: int, step: int, micro: int, config: TrainConfig, rank:
     return indices
 
 
+def _config_loss(drafter, target, batch, config: TrainConfig, weights, features, generator):
+    """batch_loss with the run's objective settings (training steps and held-out evaluation alike)."""
+    return batch_loss(drafter, target, batch, objective=config.objective, num_anchors=config.num_anchors,
+                      generator=generator, tau=config.tau, al_variant=config.al_variant, position_weights=weights,
+                      chunk_size=config.chunk_size, features=features, recompute_logits=config.recompute_logits)
+
+
 def evaluate(drafter, target, records, config, weights, device, cache: Optional[FeatureCache] = None) \
         -> Dict[str, float]:
     """Mean loss and acceptance proxy over held-out records (fixed anchors)."""
@@ -176,11 +183,8 @@ def evaluate(drafter, target, records, config, weights, device, cache: Optional[
             indices = list(range(start, min(start + config.batch_size, len(records))))
             batch = collate([records[i] for i in indices], device)
             features = cache.batch(indices, batch.input_ids.shape[1], device) if cache else None
-            out = batch_loss(drafter, target, batch, objective=config.objective, num_anchors=config.num_anchors,
-                             generator=torch.Generator().manual_seed(_seed(config.seed, "eval", start)),
-                             tau=config.tau, al_variant=config.al_variant, position_weights=weights,
-                             chunk_size=config.chunk_size, features=features,
-                                 recompute_logits=config.recompute_logits)
+            out = _config_loss(drafter, target, batch, config, weights, features,
+                               torch.Generator().manual_seed(_seed(config.seed, "eval", start)))
             n = int(out["blocks"])
             totals["loss"] += float(out["loss"]) * n
             totals["accepted_proxy"] += float(out["accepted_proxy"]) * n
@@ -241,12 +245,8 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
             batch = collate([records[i] for i in indices], device)
             features = cache.batch(indices, batch.input_ids.shape[1], device) if cache else None
             with autocast:
-                out = batch_loss(drafter, target, batch, objective=config.objective, num_anchors=config.num_anchors,
-                                 generator=torch.Generator().manual_seed(
-                                     _seed(config.seed, step, micro * parallel.world + parallel.rank)),
-                                 tau=config.tau, al_variant=config.al_variant, position_weights=weights,
-                                 chunk_size=config.chunk_size, features=features,
-                                 recompute_logits=config.recompute_logits)
+                out = _config_loss(drafter, target, batch, config, weights, features, torch.Generator().manual_seed(
+                    _seed(config.seed, step, micro * parallel.world + parallel.rank)))
             (out["loss"] / config.grad_accum).backward()
             loss_sum += float(out["loss"].detach()) / config.grad_accum
             proxy_sum += float(out["accepted_proxy"]) / config.grad_accum

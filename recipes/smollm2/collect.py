@@ -77,7 +77,7 @@ def main() -> None:
                 f"| {t} ({FILTERS[t]}) | {arm} | {zt} | " + " | ".join(tau_cell(per.get(d)) for d in DATASETS)
                 + f" | {fmt(accept['macro']['expected_accepted'])} | "
                 + (f"{100 * sum(ceiling) / len(ceiling):.1f}% | " if ceiling else "- | ")
-                + " | ".join(fmt(speedups.get(d)) + ("x" if speedups.get(d) else "") for d in ("gsm8k",))
+                + fmt(speedups.get("gsm8k")) + ("x" if speedups.get("gsm8k") else "")
                 + f" | {fmt(speed['macro'].get('speedup') if speed else None)}{'x' if speed else ''} |")
             for d in DATASETS:
                 s = per.get(d)
