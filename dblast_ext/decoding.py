@@ -73,6 +73,7 @@ class TargetAdapter:
         self.model = model
         self.layer_ids = list(layer_ids)
         self._cache_arg = cache_argument(model)
+        self._last_logits_only = features_only_arguments(model)
 
     @property
     def device(self):
@@ -83,9 +84,12 @@ class TargetAdapter:
 
         return DynamicCache()
 
-    def forward(self, input_ids: torch.Tensor, cache, hidden_states: bool = True):
+    def forward(self, input_ids: torch.Tensor, cache, hidden_states: bool = True, last_logits_only: bool = False):
+        """`last_logits_only` for a prefill, which samples from its last position only: the LM head
+        over every prompt position would cost more than the rest of a short prompt's pass."""
+        extra = self._last_logits_only if last_logits_only else {}
         out = self.model(input_ids=input_ids, use_cache=True, output_hidden_states=hidden_states,
-                         **{self._cache_arg: cache})
+                         **{self._cache_arg: cache}, **extra)
         if not hidden_states:
             return out.logits, None
         features = torch.cat([out.hidden_states[l + 1] for l in self.layer_ids], dim=-1)
@@ -156,7 +160,7 @@ class SpeculativeDecoder:
         block = config.block_size
 
         target_cache = self.target.new_cache()
-        logits, context = self.target.forward(ids, target_cache)
+        logits, context = self.target.forward(ids, target_cache, last_logits_only=True)
         anchor = sample_from_logits(logits[0, -1], sampling, generator)
         generated = [anchor]
         if on_tokens:
@@ -220,7 +224,7 @@ class SpeculativeDecoder:
         if ids.shape[1] < 2:
             raise ValueError("prefix_ids needs at least two tokens: context and the anchor")
         target_cache = self.target.new_cache()
-        _, context = self.target.forward(ids[:, :-1], target_cache)
+        _, context = self.target.forward(ids[:, :-1], target_cache, last_logits_only=True)
         config = self.drafter.config
         drafter_cache = DrafterCache(config, 1, ids.shape[1] + config.block_size, ids.device,
                                      self.drafter.fc.weight.dtype)
@@ -240,7 +244,7 @@ class SpeculativeDecoder:
         generator = torch.Generator().manual_seed(seed)
         start_time = time.perf_counter()
         cache = self.target.new_cache()
-        logits, _ = self.target.forward(ids, cache, hidden_states=False)
+        logits, _ = self.target.forward(ids, cache, hidden_states=False, last_logits_only=True)
         generated = []
         while True:
             token = sample_from_logits(logits[0, -1], sampling, generator)

@@ -75,6 +75,26 @@ def test_autoregressive_greedy_equals_the_targets_own(tmp_path):
         hf_greedy(dec.target.model, PROMPT, 20)
 
 
+def lm_head_rows(model):
+    """Records how many positions each LM-head call projects."""
+    rows = []
+    model.get_output_embeddings().register_forward_hook(lambda module, args, out: rows.append(args[0].shape[1]))
+    return rows
+
+
+def test_prefills_project_only_the_last_position(tmp_path):
+    dec = make_decoder(tmp_path, branches=4, block_size=4)
+    rows = lm_head_rows(dec.target.model)
+    dec.generate(PROMPT, SamplingParams(1.0), max_new_tokens=9, seed=1)
+    assert rows[0] == 1 and set(rows[1:]) == {4}  # prefill, then every verify pass: anchor + 3 drafts
+    rows.clear()
+    dec.generate_autoregressive(PROMPT, SamplingParams(1.0), max_new_tokens=5, seed=1)
+    assert rows == [1] * 5
+    rows.clear()
+    dec.first_cycle(PROMPT, SamplingParams(1.0), seed=1)
+    assert rows == [1, 4]  # the prefix pass, then the verify pass
+
+
 def test_kernels_and_reference_paths_give_the_same_tokens(tmp_path):
     sampling = SamplingParams(temperature=1.0, top_k=20, top_p=0.95)
     a = make_decoder(tmp_path, branches=4, use_kernels=True).generate(PROMPT, sampling, max_new_tokens=30, seed=7)

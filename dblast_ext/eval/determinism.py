@@ -26,7 +26,7 @@ def early_determinism(target: TargetAdapter, prefix_ids: Sequence[int], sampling
     device = target.device
     ids = torch.tensor([list(prefix_ids)] * samples, device=device)
     cache = target.new_cache()
-    logits, _ = target.forward(ids, cache, hidden_states=False)
+    logits, _ = target.forward(ids, cache, hidden_states=False, last_logits_only=True)
     running = torch.ones(samples, dtype=torch.float64)
     total = torch.zeros(samples, dtype=torch.float64)
     for _ in range(num_draft):
