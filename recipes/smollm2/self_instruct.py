@@ -1,0 +1,73 @@
+"""Chat prompts written by the target itself, for the drafter's training mix: the chat
+template up to the start of a user turn is given to SmolLM2 and it is sampled until it
+closes the turn (the "pre-query template" way of drawing instructions from an aligned model,
+Magpie, Xu et al. 2024). Offline, and from no evaluation set. Seeded per batch; a run with
+the same arguments writes the same file.
+
+    python recipes/smollm2/self_instruct.py --count 500 --seed 0 --out data/chat-prompts.jsonl
+"""
+import argparse
+import json
+import os
+
+import torch
+
+
+def pre_query_ids(tokenizer):
+    """The chat template's tokens up to where a user's text starts (system turn included)."""
+    marker = "\x00USER\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
+    return tokenizer(text[: text.index(marker)], add_special_tokens=False)["input_ids"]
+
+
+def keep(text, seen):
+    """A complete, non-trivial, new instruction (normalised duplicates are dropped)."""
+    key = " ".join(text.lower().split())
+    if not 20 <= len(text) <= 800 or key in seen:
+        return False
+    seen.add(key)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="longer instructions are dropped")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    from dblast_ext.target_loading import load_target
+
+    model, tokenizer = load_target("default", device="cpu")
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prefix = torch.tensor([pre_query_ids(tokenizer)])
+    seen, chosen, batch_index = set(), [], 0
+    while len(chosen) < args.count:
+        if batch_index >= 50 * max(1, args.count // args.batch_size):
+            raise SystemExit(f"only {len(chosen)} distinct instructions after {batch_index} batches")
+        torch.manual_seed(args.seed * 1_000_003 + batch_index)
+        ids = prefix.expand(args.batch_size, -1)
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0,
+                                 temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                                 eos_token_id=end_of_turn, pad_token_id=end_of_turn)
+        for row in out[:, prefix.shape[1]:].tolist():
+            if end_of_turn not in row:  # cut off by the token limit: not a whole instruction
+                continue
+            text = tokenizer.decode(row[: row.index(end_of_turn)], skip_special_tokens=True).strip()
+            if keep(text, seen) and len(chosen) < args.count:
+                chosen.append({"id": f"self-instruct-{args.seed}-{len(chosen)}", "prompt": text})
+        batch_index += 1
+        print(f"{len(chosen)}/{args.count} instructions after {batch_index} batches", flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        for row in chosen:
+            f.write(json.dumps(row) + "\n")
+    print(f"{len(chosen)} self-written instructions -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
