@@ -57,7 +57,7 @@ def cache_argument(model) -> str:
 def features_only_arguments(model) -> dict:
     """Forward arguments that keep the logits to the last position (`logits_to_keep` in
     recent transformers, `num_logits_to_keep` in older ones; none when neither exists), for
-    passes that need hidden states only, not [T, V] logits."""
+    passes that need hidden states only or sample from the last position only."""
     parameters = inspect.signature(model.forward).parameters
     for name in ("logits_to_keep", "num_logits_to_keep"):
         if name in parameters:
@@ -67,13 +67,14 @@ def features_only_arguments(model) -> dict:
 
 class TargetAdapter:
     """A Hugging Face causal LM (Qwen3, Llama, ...) used unmodified: one forward returns the
-    logits of every position and the hidden states of the drafter's target layers."""
+    logits of every position (of the last one only for a prefill) and the hidden states of the
+    drafter's target layers."""
 
     def __init__(self, model, layer_ids: Sequence[int]):
         self.model = model
         self.layer_ids = list(layer_ids)
         self._cache_arg = cache_argument(model)
-        self._last_logits_only = features_only_arguments(model)
+        self._last_logits_kwargs = features_only_arguments(model)
 
     @property
     def device(self):
@@ -85,9 +86,9 @@ class TargetAdapter:
         return DynamicCache()
 
     def forward(self, input_ids: torch.Tensor, cache, hidden_states: bool = True, last_logits_only: bool = False):
-        """`last_logits_only` for a prefill, which samples from its last position only: the LM head
-        over every prompt position would cost more than the rest of a short prompt's pass."""
-        extra = self._last_logits_only if last_logits_only else {}
+        """`last_logits_only` for a prefill, which samples from its last position only: [T, V]
+        logits over the whole prompt would be about a fifth of the pass (SmolLM2) for nothing."""
+        extra = self._last_logits_kwargs if last_logits_only else {}
         out = self.model(input_ids=input_ids, use_cache=True, output_hidden_states=hidden_states,
                          **{self._cache_arg: cache}, **extra)
         if not hidden_states:

@@ -54,3 +54,11 @@ def test_binning_counts_means_and_errors():
     assert [r["count"] for r in rows] == [3, 0, 2, 0, 1]
     assert rows[0]["mean"] == pytest.approx(3.0) and rows[0]["sem"] == pytest.approx(2 / np.sqrt(3))
     assert rows[1]["mean"] is None and rows[4]["sem"] is None
+
+
+def test_the_prefix_pass_projects_only_its_last_position():
+    model = tiny_target(vocab_size=VOCAB, layers=2)
+    rows = []
+    model.get_output_embeddings().register_forward_hook(lambda module, args, out: rows.append(args[0].shape[1]))
+    early_determinism(TargetAdapter(model, [0]), PREFIX, SamplingParams(1.0), 3, 4, torch.Generator().manual_seed(0))
+    assert rows == [1] * 4  # the prefix pass, then one pass per sampled token

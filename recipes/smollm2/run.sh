@@ -25,20 +25,24 @@ WORK=${WORK:-runs/smollm2}
 MASK=16   # <empty_output>: a special token chat text never contains, used as the drafter's mask
 SAMPLING="--temperature 0.7 --top-p 0.8 --top-k 20"   # the DBLast data setting
 mkdir -p "$WORK/parts"
+lines() { [[ -f $1 ]] && wc -l < "$1" || echo 0; }
 echo "== prompts ($(date -u +%T))"
-# math: the first MATH of a seeded 2,000-prompt sample (the order responses are generated in)
+# math: the first MATH of one seeded 2,000-prompt pool, so a larger MATH keeps the prompts (and
+# responses) of a smaller one; held-out math excludes the whole pool
+(( MATH <= 2000 )) || { echo "MATH must be <= 2000 (the pool), got $MATH"; exit 2; }
 python recipes/smollm2/prompts.py --count 2000 --seed 0 --out "$WORK/parts/math-pool.jsonl"
 head -n "$MATH" "$WORK/parts/math-pool.jsonl" > "$WORK/parts/math.jsonl"
 python recipes/smollm2/code_prompts.py --count "$CODE" --seed 0 --out "$WORK/parts/code.jsonl"
-[[ -s $WORK/parts/chat.jsonl ]] || python recipes/smollm2/self_instruct.py --count "$CHAT" --seed 0 --out "$WORK/parts/chat.jsonl"
+# chat: sampled from the target, so only made when missing or of another size
+(( $(lines "$WORK/parts/chat.jsonl") == CHAT )) \
+  || python recipes/smollm2/self_instruct.py --count "$CHAT" --seed 0 --out "$WORK/parts/chat.jsonl"
 cat "$WORK/parts/math.jsonl" "$WORK/parts/code.jsonl" "$WORK/parts/chat.jsonl" > "$WORK/prompts.jsonl"
-# held out (training-time evaluation): 32 more, none of them training prompts
+# held out (training-time evaluation): 32 more of the same kinds, none of them training prompts
 python recipes/smollm2/prompts.py --count 16 --seed 1 --exclude "$WORK/parts/math-pool.jsonl" \
   --out "$WORK/parts/math-heldout.jsonl"
-python recipes/smollm2/code_prompts.py --count 8 --seed 1 --exclude "$WORK/parts/code.jsonl" \
-  --out "$WORK/parts/code-heldout.jsonl"
-[[ -s $WORK/parts/chat-heldout.jsonl ]] || python recipes/smollm2/self_instruct.py --count 8 --seed 1 \
-  --out "$WORK/parts/chat-heldout.jsonl"
+python recipes/smollm2/code_prompts.py --count 8 --seed 0 --heldout --out "$WORK/parts/code-heldout.jsonl"
+(( $(lines "$WORK/parts/chat-heldout.jsonl") == 8 )) || python recipes/smollm2/self_instruct.py --count 8 --seed 1 \
+  --exclude "$WORK/parts/chat.jsonl" --out "$WORK/parts/chat-heldout.jsonl"
 cat "$WORK/parts/"{math,code,chat}-heldout.jsonl > "$WORK/heldout-prompts.jsonl"
 echo "== data ($(date -u +%T))"
 dblast data generate --prompts "$WORK/prompts.jsonl" --out "$WORK/train.jsonl" $SAMPLING \
@@ -46,6 +50,18 @@ dblast data generate --prompts "$WORK/prompts.jsonl" --out "$WORK/train.jsonl" $
 dblast data generate --prompts "$WORK/heldout-prompts.jsonl" --out "$WORK/heldout.jsonl" $SAMPLING \
   --max-new-tokens 256 --batch-size 16 --seed 1 --no-progress
 
+# the data files must hold exactly the responses to today's prompts (a resumed WORK made with
+# other sizes or prompt files would otherwise train on stale records)
+python - "$WORK" <<'PY'
+import json, sys
+work = sys.argv[1]
+for prompts, data in (("prompts.jsonl", "train.jsonl"), ("heldout-prompts.jsonl", "heldout.jsonl")):
+    asked = {json.loads(line)["id"] for line in open(f"{work}/{prompts}") if line.strip()}
+    have = {json.loads(line)["prompt_id"] for line in open(f"{work}/{data}") if line.strip()}
+    if asked != have:
+        sys.exit(f"{work}/{data} does not match {prompts}: {len(have - asked)} records of other prompts, "
+                 f"{len(asked - have)} prompts without a record; remove the stale records or use a new WORK")
+PY
 # config NAME INIT BRANCHES OBJECTIVE STEPS LR: one training config (the shared fields are the arms' equal footing)
 config() {
   local init=null

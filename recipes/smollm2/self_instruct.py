@@ -1,12 +1,16 @@
 """Chat prompts written by the target itself, for the drafter's training mix: the chat
 template up to the start of a user turn is given to SmolLM2 and it is sampled until it
 closes the turn (the "pre-query template" way of drawing instructions from an aligned model,
-Magpie, Xu et al. 2024). Offline, and from no evaluation set. Seeded per batch; a run with
-the same arguments writes the same file.
+Magpie, Xu et al. 2024). Offline, and from no evaluation set. Seeded per batch: the same
+arguments, torch build and thread count write the same file (floating-point sums may differ
+elsewhere). An instruction's id is a hash of its text, so a regenerated file can never pair
+an old response with a new prompt. Not resumable part-way (a few minutes for 500).
 
     python recipes/smollm2/self_instruct.py --count 500 --seed 0 --out data/chat-prompts.jsonl
+    python recipes/smollm2/self_instruct.py --count 8 --seed 1 --exclude data/chat-prompts.jsonl --out data/chat-heldout.jsonl
 """
 import argparse
+import hashlib
 import json
 import os
 
@@ -20,13 +24,21 @@ def pre_query_ids(tokenizer):
     return tokenizer(text[: text.index(marker)], add_special_tokens=False)["input_ids"]
 
 
+def normalised(text):
+    return " ".join(text.lower().split())
+
+
 def keep(text, seen):
     """A complete, non-trivial, new instruction (normalised duplicates are dropped)."""
-    key = " ".join(text.lower().split())
+    key = normalised(text)
     if not 20 <= len(text) <= 800 or key in seen:
         return False
     seen.add(key)
     return True
+
+
+def instruction_id(text):
+    return "self-instruct-" + hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def main() -> None:
@@ -37,14 +49,21 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96, help="longer instructions are dropped")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--exclude", help="a prompts JSONL whose instructions must not recur (held-out vs train)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.count <= 0 or args.batch_size <= 0:
+        raise SystemExit(f"--count and --batch-size must be > 0, got {args.count} and {args.batch_size}")
+    seen = set()
+    if args.exclude:
+        with open(args.exclude) as f:
+            seen = {normalised(json.loads(line)["prompt"]) for line in f if line.strip()}
     from dblast_ext.target_loading import load_target
 
     model, tokenizer = load_target("default", device="cpu")
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
     prefix = torch.tensor([pre_query_ids(tokenizer)])
-    seen, chosen, batch_index = set(), [], 0
+    chosen, batch_index = [], 0
     while len(chosen) < args.count:
         if batch_index >= 50 * max(1, args.count // args.batch_size):
             raise SystemExit(f"only {len(chosen)} distinct instructions after {batch_index} batches")
@@ -59,13 +78,14 @@ def main() -> None:
                 continue
             text = tokenizer.decode(row[: row.index(end_of_turn)], skip_special_tokens=True).strip()
             if keep(text, seen) and len(chosen) < args.count:
-                chosen.append({"id": f"self-instruct-{args.seed}-{len(chosen)}", "prompt": text})
+                chosen.append({"id": instruction_id(text), "prompt": text})
         batch_index += 1
         print(f"{len(chosen)}/{args.count} instructions after {batch_index} batches", flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
+    with open(args.out + ".part", "w") as f:
         for row in chosen:
             f.write(json.dumps(row) + "\n")
+    os.replace(args.out + ".part", args.out)  # a cut-off run leaves no file that looks finished
     print(f"{len(chosen)} self-written instructions -> {args.out}")
 
 
