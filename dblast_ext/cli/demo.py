@@ -8,7 +8,8 @@ import sys
 from ..embedded_drafters import EMBEDDED_DRAFTERS
 from ..target_loading import TextStream, encode_messages, stop_token_ids
 from .common import add_sampling_args, check_args, load_decoder, sampling_of
-from .display import acceptance_histogram, committed_length, rate, speedup
+from ..eval.metrics import speedup_ratio
+from .display import acceptance_histogram, committed_length, rate
 
 DEMO_PROMPTS = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -75,8 +76,8 @@ def run(args) -> int:
             base = decoder.generate_autoregressive(ids, **run_kwargs)
             ar_tokens += len(base.token_ids)
             ar_time += base.wall_time
-            line += (f"; target alone {len(base.token_ids) / base.wall_time:.1f} tok/s, speed-up "
-                     f"{speedup(len(base.token_ids), base.wall_time, len(result.token_ids), result.wall_time):.2f}x")
+            ratio = speedup_ratio(len(base.token_ids), base.wall_time, len(result.token_ids), result.wall_time)
+            line += f"; target alone {len(base.token_ids) / base.wall_time:.1f} tok/s, speed-up {ratio:.2f}x"
         print(line + "\n", file=out)
 
     print(f"all prompts: {len(accepted)} cycles, committed length {committed_length(accepted):.2f} tokens per "
@@ -85,5 +86,5 @@ def run(args) -> int:
     print(f"speculative sampling: {rate(spec_tokens, spec_time)}", file=out)
     if not args.no_compare:
         print(f"target alone:         {rate(ar_tokens, ar_time)}\n"
-              f"speed-up: {speedup(ar_tokens, ar_time, spec_tokens, spec_time):.2f}x", file=out)
+              f"speed-up: {speedup_ratio(ar_tokens, ar_time, spec_tokens, spec_time):.2f}x", file=out)
     return 0

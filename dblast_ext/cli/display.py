@@ -23,8 +23,3 @@ def rate(tokens: int, seconds: float) -> str:
 def committed_length(accepted: Sequence[int]) -> float:
     """Tokens committed per target pass: accepted drafts + the target's own token, per cycle."""
     return sum(n + 1 for n in accepted) / len(accepted)
-
-
-def speedup(ar_tokens: int, ar_seconds: float, spec_tokens: int, spec_seconds: float) -> float:
-    """Target-only time per token over speculative time per token."""
-    return (ar_seconds / ar_tokens) / (spec_seconds / spec_tokens)

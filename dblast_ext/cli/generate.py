@@ -6,7 +6,8 @@ import sys
 
 from ..target_loading import TextStream, encode_prompt, stop_token_ids
 from .common import add_model_args, add_sampling_args, check_args, load_decoder, sampling_of
-from .display import acceptance_histogram, committed_length, rate, speedup
+from ..eval.metrics import speedup_ratio
+from .display import acceptance_histogram, committed_length, rate
 
 
 def add_parser(subparsers) -> None:
@@ -59,7 +60,7 @@ def run(args) -> int:
     if args.compare_ar:
         base = decoder.generate_autoregressive(ids, **run_kwargs)
         figures.update(ar_new_tokens=len(base.token_ids), ar_wall_time=base.wall_time,
-                       speedup=speedup(len(base.token_ids), base.wall_time, new_tokens, out.wall_time))
+                       speedup=speedup_ratio(len(base.token_ids), base.wall_time, new_tokens, out.wall_time))
 
     if args.json:
         figures.update(text=tokenizer.decode(out.token_ids, skip_special_tokens=True), token_ids=out.token_ids)

@@ -103,15 +103,18 @@ def summarize(records: Sequence[dict], *, eos_only: bool = True, n_boot: int = 2
     return out
 
 
+def speedup_ratio(ar_tokens: int, ar_seconds: float, spec_tokens: int, spec_seconds: float) -> float:
+    """Target-only time per token over speculative time per token."""
+    return (ar_seconds / ar_tokens) / (spec_seconds / spec_tokens)
+
+
 def speedup(records: Sequence[dict]) -> Optional[float]:
-    """Target-only time per token over speculative time per token, pooled over the responses
-    that carry both timings; None when none does."""
+    """speedup_ratio pooled over the responses that carry both timings; None when none does."""
     timed = [r for r in records if r.get("ar_wall_time") and r.get("ar_new_tokens") and r.get("wall_time")]
     if not timed:
         return None
-    ar = sum(r["ar_wall_time"] for r in timed) / sum(r["ar_new_tokens"] for r in timed)
-    spec = sum(r["wall_time"] for r in timed) / sum(r["new_tokens"] for r in timed)
-    return float(ar / spec)
+    return float(speedup_ratio(sum(r["ar_new_tokens"] for r in timed), sum(r["ar_wall_time"] for r in timed),
+                               sum(r["new_tokens"] for r in timed), sum(r["wall_time"] for r in timed)))
 
 
 def macro_average(summaries: Dict[str, Dict], key: str) -> Optional[float]:

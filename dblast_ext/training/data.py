@@ -41,7 +41,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from .. import reference
-from ..decoding import SamplingParams, cache_argument, features_only_arguments
+from ..decoding import SamplingParams, cache_argument, last_position_logits_arguments
 from ..eval.datasets import Prompt, chat_messages
 from ..jsonl import append_jsonl, read_jsonl
 from ..progress import progress_bar
@@ -177,7 +177,7 @@ def sample_batch(model, prompts: Sequence[Sequence[int]], generators: Sequence[t
     # a real token's position is the number of real tokens before it; padding sits at 0
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache, cache_arg = DynamicCache(), cache_argument(model)
-    keep_last = features_only_arguments(model)
+    keep_last = last_position_logits_arguments(model)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                 **{cache_arg: cache}, **keep_last)
     logits = out.logits[:, -1]

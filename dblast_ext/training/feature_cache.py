@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..decoding import features_only_arguments
+from ..decoding import last_position_logits_arguments
 from ..progress import progress_bar
 
 __all__ = ["FeatureCache", "cache_key"]
@@ -91,7 +91,7 @@ def _matches(path: str, key: dict, count: int) -> bool:
 
 @torch.no_grad()
 def _build(path: str, records: List[dict], target, key: dict, batch_size: int, progress: bool) -> None:
-    extra = features_only_arguments(target.model)
+    extra = last_position_logits_arguments(target.model)
     device = target.device
     order = sorted(range(len(records)), key=lambda i: len(records[i]["input_ids"]))  # little padding per batch
     pieces: List[torch.Tensor] = [None] * len(records)

@@ -5,7 +5,7 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
-from ..decoding import TargetAdapter, features_only_arguments
+from ..decoding import TargetAdapter, last_position_logits_arguments
 from ..drafter import DBlastDrafter
 from .block_forward import block_inputs, drafter_block_hidden
 from .losses import accepted_length_proxy, accepted_length_surrogate, gather_branch_logprobs, nll_independent, \
@@ -67,7 +67,7 @@ def block_labels(batch: Batch, anchors: torch.Tensor, valid: torch.Tensor, block
 def target_features(target: TargetAdapter, batch: Batch) -> torch.Tensor:
     """Context features [N, T, L*H] of every position (one inference-mode forward)."""
     out = target.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True,
-                       **features_only_arguments(target.model))
+                       **last_position_logits_arguments(target.model))
     return torch.cat([out.hidden_states[l + 1] for l in target.layer_ids], dim=-1)
 
 
