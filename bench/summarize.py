@@ -1,6 +1,6 @@
 """Turns a pytest-benchmark JSON file into the op-vs-reference table of bench/RESULTS.md.
 
-    python bench/summarize.py results.json [--machine "..."] > table.md
+    python bench/summarize.py results.json [more.json ...] [--machine "..."] > table.md
 Each row is one benchmark group: the op's and the reference's mean time and their ratio.
 Decode-cycle benchmarks (extra_info cycle_ms) also get a table of per-cycle times with the
 overhead of K branches over K = 1.
@@ -14,13 +14,19 @@ import re
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("json_file")
+    parser.add_argument("json_files", nargs="+", help="pytest-benchmark JSON files of one machine (merged)")
     parser.add_argument("--machine", default=None, help="machine description for the header")
     parser.add_argument("--bandwidth", type=float, default=None,
                         help="measured device copy bandwidth in bytes/s: adds the fraction of the HBM roofline")
     args = parser.parse_args()
-    with open(args.json_file) as f:
-        data = json.load(f)
+    data = None
+    for path in args.json_files:
+        with open(path) as f:
+            part = json.load(f)
+        if data is None:
+            data = part
+        else:
+            data["benchmarks"] += part["benchmarks"]
     groups = collections.defaultdict(dict)
     bytes_read = {}
     peak = collections.defaultdict(dict)  # group -> impl -> peak extra host bytes
