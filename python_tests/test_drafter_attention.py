@@ -57,6 +57,20 @@ def test_windows_and_dtypes(device, dtype, window):
     check(case, device, window=window)
 
 
+@pytest.mark.parametrize("dim", [16, 32, 96, 256])
+def test_every_supported_head_dim(device, dim):
+    dtype = DTYPES[dim % 3]
+    case = make_case(2, 2, 4, 16, dim, 200, dtype, seed=dim)
+    check(case, device)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the head-dim limit is the CUDA kernel's")
+def test_unsupported_head_dim_on_cuda_names_q():
+    case = to_device(make_case(2, 2, 2, 4, 48, 50, torch.float32, seed=0), "cuda")
+    with pytest.raises(ValueError, match="head dim"):
+        ops.drafter_attention(**case)
+
+
 def test_long_context_and_custom_scale(device):
     case = make_case(2, 8, 4, 16, 128, 4096, torch.float32, seed=5, lens=[4096, 2500])
     check(case, device, scale=0.05)

@@ -3,8 +3,10 @@
 //   1. the expander, epilogue: states[n, z, :] = h[n] + (W h[n])[z-block] + b[z-block];
 //   2. the LM head, epilogue: per row and 64-token tile, a partial (max, argmax, sum-exp);
 // then a combine kernel merges the partials of each row in vocabulary order (lowest id on
-// ties). W is read with 16-byte loads; each weight tile is loaded once per 64 rows of X,
-// so for N*K <= 64 the LM head is read from device memory once per call. Float32 FMAs.
+// ties). W is read with 16-byte loads; each weight tile is loaded once per 16 R rows of X
+// (R = 1, 2 or 4 rows per thread, the smallest that covers N*K up to 64), so for N*K <= 64 the
+// LM head is read from device memory once per call and few padding rows are multiplied.
+// Float32 FMAs.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -17,10 +19,9 @@
 namespace dblast::cuda {
 namespace {
 
-constexpr int kTileRows = 64;  // rows of X per pass
 constexpr int kTileCols = 64;  // rows of W (output columns) per block
 constexpr int kTileK = 16;     // reduction chunk
-constexpr int kGemmThreads = 256;  // 16 x 16 threads, each a 4 x 4 block of outputs
+constexpr int kGemmThreads = 256;  // 16 x 16 threads, each an R x 4 block of outputs
 
 struct GemmShape {
   int64_t rows;   // R: rows of X
@@ -58,16 +59,17 @@ __device__ __forceinline__ void load_weight_chunk(const scalar_t* __restrict__ w
 }
 
 // acc[i][jj] = Y[r0 + ty + 16 i, j0 + tx + 16 jj] for the block's column tile, then epi(...)
-// for every 64-row pass over X.
-template <typename scalar_t, typename Epilogue>
+// for every pass over 16 R rows of X.
+template <int R, typename scalar_t, typename Epilogue>
 __global__ void __launch_bounds__(kGemmThreads)
     skinny_gemm_kernel(const float* __restrict__ x, const scalar_t* __restrict__ w, GemmShape s, Epilogue epi) {
+  constexpr int kTileRows = 16 * R;
   __shared__ float x_tile[kTileK][kTileRows + 1];
   __shared__ float w_tile[kTileK][kTileCols + 1];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTileCols;
   for (int64_t r0 = 0; r0 < s.rows; r0 += kTileRows) {
-    float acc[4][4] = {};
+    float acc[R][4] = {};
     for (int64_t k0 = 0; k0 < s.width; k0 += kTileK) {
       for (int e = threadIdx.x; e < kTileRows * kTileK; e += blockDim.x) {
         const int r = e / kTileK, k = e % kTileK;
@@ -78,13 +80,13 @@ __global__ void __launch_bounds__(kGemmThreads)
       __syncthreads();
 #pragma unroll
       for (int k = 0; k < kTileK; ++k) {
-        float a[4], b[4];
+        float a[R], b[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = x_tile[k][ty + 16 * i];
+        for (int i = 0; i < R; ++i) a[i] = x_tile[k][ty + 16 * i];
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) b[jj] = w_tile[k][tx + 16 * jj];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < R; ++i) {
 #pragma unroll
           for (int jj = 0; jj < 4; ++jj) acc[i][jj] = fmaf(a[i], b[jj], acc[i][jj]);
         }
@@ -103,9 +105,10 @@ struct ExpanderEpilogue {
   float* states;
   int64_t rows, width, outputs;  // N, H, K*H
 
-  __device__ void operator()(const float (&acc)[4][4], int64_t r0, int64_t j0, int tx, int ty) const {
+  template <int R>
+  __device__ void operator()(const float (&acc)[R][4], int64_t r0, int64_t j0, int tx, int ty) const {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < R; ++i) {
       const int64_t n = r0 + ty + 16 * i;
       if (n >= rows) continue;
 #pragma unroll
@@ -133,9 +136,10 @@ struct LmHeadEpilogue {
   ArgmaxLse* partials;  // [R, tiles]
   int64_t rows, vocab, tiles;
 
-  __device__ void operator()(const float (&acc)[4][4], int64_t r0, int64_t j0, int tx, int ty) const {
+  template <int R>
+  __device__ void operator()(const float (&acc)[R][4], int64_t r0, int64_t j0, int tx, int ty) const {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < R; ++i) {
       const int64_t r = r0 + ty + 16 * i;
       ArgmaxLse part = ArgmaxLse::empty();
 #pragma unroll
@@ -170,6 +174,21 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Rows per thread: the fewest that cover X's rows in one pass (at most 4, then several passes).
+template <typename scalar_t, typename Epilogue>
+void launch_skinny_gemm(const float* x, const scalar_t* w, const GemmShape& shape, const Epilogue& epi,
+                        cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>((shape.cols + kTileCols - 1) / kTileCols);
+  if (shape.rows <= 16) {
+    skinny_gemm_kernel<1><<<grid, kGemmThreads, 0, stream>>>(x, w, shape, epi);
+  } else if (shape.rows <= 32) {
+    skinny_gemm_kernel<2><<<grid, kGemmThreads, 0, stream>>>(x, w, shape, epi);
+  } else {
+    skinny_gemm_kernel<4><<<grid, kGemmThreads, 0, stream>>>(x, w, shape, epi);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 template <typename scalar_t>
 bool rows_are_16_byte_aligned(const at::Tensor& w) {
   return reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0 && (w.size(1) * sizeof(scalar_t)) % 16 == 0;
@@ -200,20 +219,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> branch_argmax_cuda(
       const GemmShape shape{rows, outputs, width, rows_are_16_byte_aligned<scalar_t>(w)};
       const ExpanderEpilogue<scalar_t> epi{x.data_ptr<float>(), b.data_ptr<scalar_t>(), states.data_ptr<float>(),
                                            rows, width, outputs};
-      const dim3 grid(static_cast<unsigned>((outputs + kTileCols - 1) / kTileCols));
-      skinny_gemm_kernel<<<grid, kGemmThreads, 0, stream>>>(x.data_ptr<float>(), w.data_ptr<scalar_t>(), shape,
-                                                            epi);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      launch_skinny_gemm(x.data_ptr<float>(), w.data_ptr<scalar_t>(), shape, epi, stream);
     }
     const int64_t tiles = (vocab_size + kTileCols - 1) / kTileCols;
     auto partials = at::empty({state_rows * tiles * static_cast<int64_t>(sizeof(ArgmaxLse))},
                               x.options().dtype(at::kByte));
     ArgmaxLse* partial_ptr = reinterpret_cast<ArgmaxLse*>(partials.data_ptr());
     const GemmShape shape{state_rows, vocab_size, width, rows_are_16_byte_aligned<scalar_t>(head)};
-    skinny_gemm_kernel<<<static_cast<unsigned>(tiles), kGemmThreads, 0, stream>>>(
-        states.data_ptr<float>(), head.data_ptr<scalar_t>(), shape,
-        LmHeadEpilogue{partial_ptr, state_rows, vocab_size, tiles});
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_skinny_gemm(states.data_ptr<float>(), head.data_ptr<scalar_t>(), shape,
+                       LmHeadEpilogue{partial_ptr, state_rows, vocab_size, tiles}, stream);
     combine_partials_kernel<<<static_cast<unsigned>(state_rows), kThreads, 0, stream>>>(
         partial_ptr, tiles, tokens.data_ptr<int64_t>(), max_logits.data_ptr<float>(), logsumexp.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -192,8 +192,9 @@ at::Tensor drafter_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache
                                   double scale, int64_t window) {
   check_drafter_attention_args(q, k_cache, v_cache, k_block, v_block, context_lens, scale, window);
   const int64_t dim = q.size(3);
-  TORCH_CHECK_VALUE(dim == 64 || dim == 128 || dim == 256, "q's head dim D must be 64, 128 or 256 on CUDA, got ",
-                    dim);
+  // one kernel instantiation per head dim: D/4 accumulators per thread, rows read in 16-byte vectors
+  TORCH_CHECK_VALUE(dim == 16 || dim == 32 || dim == 64 || dim == 96 || dim == 128 || dim == 256,
+                    "q's head dim D must be 16, 32, 64, 96, 128 or 256 on CUDA, got ", dim);
   check_context_lens(context_lens, k_cache.size(2));
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -221,7 +222,10 @@ at::Tensor drafter_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache
                      partial_sum.data_ptr<float>()};
   DBLAST_DISPATCH_LOGITS(q.scalar_type(), "drafter_attention_cuda", [&] {
     switch (dim) {
+      case 16: launch<scalar_t, 16>(qc, kc, vc, kb, vb, args, rows, query_tiles, out, stream); break;
+      case 32: launch<scalar_t, 32>(qc, kc, vc, kb, vb, args, rows, query_tiles, out, stream); break;
       case 64: launch<scalar_t, 64>(qc, kc, vc, kb, vb, args, rows, query_tiles, out, stream); break;
+      case 96: launch<scalar_t, 96>(qc, kc, vc, kb, vb, args, rows, query_tiles, out, stream); break;
       case 128: launch<scalar_t, 128>(qc, kc, vc, kb, vb, args, rows, query_tiles, out, stream); break;
       default: launch<scalar_t, 256>(qc, kc, vc, kb, vb, args, rows, query_tiles, out, stream); break;
     }
