@@ -38,7 +38,9 @@ def want_cuda() -> bool:
 
 def extension():
     with_cuda = want_cuda()
-    sources = ["csrc/ops.cpp", "csrc/python_module.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    # csrc/checks: the argument checks, compiled by the C++ compiler only (also for the CUDA bindings)
+    sources = ["csrc/ops.cpp", "csrc/python_module.cpp"] + sorted(glob.glob("csrc/checks/*.cpp"))
+    sources += sorted(glob.glob("csrc/cpu/*.cpp"))
     archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "") if with_cuda else ""
     macros = [
         ("DBLAST_TORCH_VERSION", f'"{torch.__version__}"'),

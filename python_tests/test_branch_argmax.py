@@ -46,7 +46,7 @@ def assert_matches_float64_reference(result, case, vocab_size=None):
 
 
 def to_device(case, device):
-    return {k: v.to(device) for k, v in case.items()}
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in case.items()}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -134,8 +134,8 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("name,mutate", BAD_INPUTS, ids=[f"{i}-{n}" for i, (n, _) in enumerate(BAD_INPUTS)])
-def test_bad_input_names_the_argument(name, mutate):
-    case = make_case(3, 2, 16, 100, torch.float32, seed=0)
+def test_bad_input_names_the_argument(device, name, mutate):
+    case = to_device(make_case(3, 2, 16, 100, torch.float32, seed=0), device)
     with pytest.raises(ValueError, match=name):
         ops.branch_argmax(**mutate(case))
 

@@ -216,18 +216,18 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("name,build", BAD_INPUTS, ids=[f"{i}-{n}" for i, (n, _) in enumerate(BAD_INPUTS)])
-def test_bad_input_names_the_argument(name, build):
+def test_bad_input_names_the_argument(device, name, build):
     with pytest.raises(ValueError, match=name):
-        ops.branch_verify(**build())
+        ops.branch_verify(**to_device(build(), device))
 
 
 @pytest.mark.parametrize("name,kwargs", [
     ("top_p", dict(top_p=0.0)), ("top_p", dict(top_p=float("nan"))),
     ("temperature", dict(temperature=-1.0)), ("temperature", dict(temperature=float("inf"))),
 ])
-def test_bad_filter_settings_name_the_argument(name, kwargs):
+def test_bad_filter_settings_name_the_argument(device, name, kwargs):
     with pytest.raises(ValueError, match=name):
-        ops.branch_verify(**_base_case(), **kwargs)
+        ops.branch_verify(**to_device(_base_case(), device), **kwargs)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="mixing devices needs a GPU")

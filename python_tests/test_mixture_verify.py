@@ -171,15 +171,15 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("name,build", BAD_INPUTS, ids=[f"{i}-{n}" for i, (n, _) in enumerate(BAD_INPUTS)])
-def test_bad_input_names_the_argument(name, build):
+def test_bad_input_names_the_argument(device, name, build):
     with pytest.raises(ValueError, match=name):
-        ops.mixture_verify(**build())
+        ops.mixture_verify(**to_device(build(), device))
 
 
 @pytest.mark.parametrize("value", [0.0, -1.0, float("nan")])
-def test_bad_draft_temperature_is_rejected(value):
+def test_bad_draft_temperature_is_rejected(device, value):
     with pytest.raises(ValueError, match="draft_temperature"):
-        ops.mixture_verify(**_base_case(), draft_temperature=value)
+        ops.mixture_verify(**to_device(_base_case(), device), draft_temperature=value)
 
 
 def test_opcheck(device):

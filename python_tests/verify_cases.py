@@ -68,7 +68,7 @@ def make_mixture_case(rows: int, num_branches: int, num_draft: int, vocab: int, 
 
 
 def to_device(case: dict, device) -> dict:
-    return {k: v.to(device) for k, v in case.items()}
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in case.items()}
 
 
 def decision_margins(p: torch.Tensor, draft: torch.Tensor, proposals, uniforms: torch.Tensor) -> torch.Tensor:

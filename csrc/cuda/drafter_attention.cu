@@ -192,9 +192,8 @@ at::Tensor drafter_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache
                                   double scale, int64_t window) {
   check_drafter_attention_args(q, k_cache, v_cache, k_block, v_block, context_lens, scale, window);
   const int64_t dim = q.size(3);
-  // one kernel instantiation per head dim: D/4 accumulators per thread, rows read in 16-byte vectors
-  TORCH_CHECK_VALUE(dim == 16 || dim == 32 || dim == 64 || dim == 96 || dim == 128 || dim == 256,
-                    "q's head dim D must be 16, 32, 64, 96, 128 or 256 on CUDA, got ", dim);
+  // one kernel instantiation per head dim (kCudaHeadDims): D/4 accumulators per thread
+  check_cuda_head_dim(q);
   check_context_lens(context_lens, k_cache.size(2));
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

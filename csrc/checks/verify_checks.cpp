@@ -1,0 +1,187 @@
+// Argument and value checks of dblast::branch_verify and dblast::mixture_verify (declared in
+// dblast/verify_checks.h), compiled by the C++ compiler for both the CPU and CUDA bindings.
+#include "dblast/verify_checks.h"
+
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "dblast/common.h"
+
+namespace dblast {
+namespace {
+
+void check_floating_logits(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 ||
+                  t.scalar_type() == at::kHalf,
+              name, " must be float32, bfloat16 or float16, got ", t.scalar_type());
+}
+
+void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* name) {
+  TORCH_CHECK_VALUE(t.device() == ref.device(), name, " must be on ", ref.device(), " like target_logits, got ",
+              t.device());
+}
+
+void check_filter_args(double temperature, int64_t top_k, double top_p) {
+  TORCH_CHECK_VALUE(std::isfinite(temperature) && temperature >= 0.0,
+              "temperature must be finite and >= 0, got ", temperature);
+  TORCH_CHECK_VALUE(std::isfinite(top_p) && top_p > 0.0, "top_p must be in (0, 1], got ", top_p);
+  (void)top_k;  // any value: <= 0 or >= V disables the filter
+}
+
+void check_uniforms(const at::Tensor& uniforms, int64_t rows, int64_t num_draft, const at::Tensor& ref) {
+  check_same_device(uniforms, ref, "uniforms");
+  TORCH_CHECK_VALUE(uniforms.scalar_type() == at::kFloat || uniforms.scalar_type() == at::kDouble,
+              "uniforms must be float32 or float64, got ", uniforms.scalar_type());
+  TORCH_CHECK_VALUE(uniforms.dim() == 2 && uniforms.size(0) == rows && uniforms.size(1) == num_draft + 1,
+              "uniforms must have shape [", rows, ", ", num_draft + 1, "], got ", uniforms.sizes());
+}
+
+void check_prior(const at::Tensor& prior, int64_t rows, int64_t num_branches, const at::Tensor& ref) {
+  check_same_device(prior, ref, "branch_prior");
+  TORCH_CHECK_VALUE(prior.scalar_type() == at::kFloat, "branch_prior must be float32, got ", prior.scalar_type());
+  TORCH_CHECK_VALUE(prior.dim() == 2 && prior.size(0) == rows && prior.size(1) == num_branches,
+              "branch_prior must have shape [", rows, ", ", num_branches, "] (K from the branch tensor), got ",
+              prior.sizes());
+  TORCH_CHECK_VALUE(num_branches >= 1 && num_branches <= kMaxBranches, "the number of branches K must be in [1, ",
+              kMaxBranches, "], got ", num_branches);
+}
+
+void check_target_logits(const at::Tensor& target_logits) {
+  check_floating_logits(target_logits, "target_logits");
+  TORCH_CHECK_VALUE(target_logits.dim() == 3, "target_logits must be [N, b+1, V], got ", target_logits.sizes());
+  TORCH_CHECK_VALUE(target_logits.size(1) >= 2, "target_logits must cover at least one draft and the bonus position "
+              "(b+1 >= 2), got ", target_logits.size(1));
+  TORCH_CHECK_VALUE(target_logits.size(2) >= 1, "target_logits must have a vocabulary of at least 1, got ",
+              target_logits.size(2));
+}
+
+// Value checks, batched into one flag tensor so that a CUDA input costs a single sync.
+struct ValueCheck {
+  at::Tensor ok;  // bool scalar
+  std::string message;
+};
+
+void run_value_checks(const std::vector<ValueCheck>& checks) {
+  std::vector<at::Tensor> flags;
+  for (const auto& c : checks) flags.push_back(c.ok.reshape({1}));
+  const at::Tensor host = at::cat(flags).to(at::kCPU);
+  const bool* ok = host.data_ptr<bool>();
+  for (size_t i = 0; i < checks.size(); ++i) TORCH_CHECK_VALUE(ok[i], checks[i].message);
+}
+
+// True when no element has an all-ones exponent (NaN or inf). On the CPU this is an
+// integer OR-reduction over the raw bits, ~20x cheaper than at::isfinite(t).all().
+template <typename bits_t>
+bool exponent_never_saturated(const at::Tensor& t, bits_t exponent_mask) {
+  const at::Tensor c = t.contiguous();
+  const bits_t* bits = reinterpret_cast<const bits_t*>(c.data_ptr());
+  std::atomic<bool> saturated{false};
+  at::parallel_for(0, c.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+    bits_t hit = 0;
+    for (int64_t i = begin; i < end; ++i) hit |= static_cast<bits_t>((bits[i] & exponent_mask) == exponent_mask);
+    if (hit) saturated = true;
+  });
+  return !saturated;
+}
+
+ValueCheck finite_check(const at::Tensor& t, const char* name) {
+  const std::string message = std::string(name) + " contains NaN or infinite values";
+  if (!t.is_cpu()) return {at::isfinite(t).all(), message};
+  bool finite = true;
+  switch (t.scalar_type()) {
+    case at::kFloat: finite = exponent_never_saturated<uint32_t>(t, 0x7f800000u); break;
+    case at::kBFloat16: finite = exponent_never_saturated<uint16_t>(t, 0x7f80u); break;
+    case at::kHalf: finite = exponent_never_saturated<uint16_t>(t, 0x7c00u); break;
+    default: finite = at::isfinite(t).all().item<bool>();
+  }
+  return {at::scalar_tensor(finite, at::kBool), message};
+}
+
+ValueCheck range_check(const at::Tensor& t, int64_t high, const char* name) {
+  return {t.ge(0).logical_and(t.lt(high)).all(),
+          std::string(name) + " has entries outside [0, " + std::to_string(high) + ")"};
+}
+
+std::vector<ValueCheck> common_value_checks(const at::Tensor& target_logits, const at::Tensor& prior,
+                                            const at::Tensor& uniforms) {
+  return {
+      finite_check(target_logits, "target_logits"),
+      {prior.ge(0).logical_and(at::isfinite(prior)).all(), "branch_prior must have finite entries >= 0"},
+      {prior.sum(1).sub(1.0).abs().le(1e-4).all(), "branch_prior rows must sum to 1 (within 1e-4)"},
+      {uniforms.ge(0).logical_and(uniforms.lt(1)).all(), "uniforms must lie in [0, 1)"},
+  };
+}
+
+}  // namespace
+
+void check_branch_verify_args(const at::Tensor& target_logits, const at::Tensor& branch_tokens,
+                              const at::Tensor& branch_prior, const at::Tensor& branch,
+                              const at::Tensor& uniforms, double temperature, int64_t top_k,
+                              double top_p) {
+  check_target_logits(target_logits);
+  const int64_t rows = target_logits.size(0), num_draft = target_logits.size(1) - 1;
+  check_same_device(branch_tokens, target_logits, "branch_tokens");
+  TORCH_CHECK_VALUE(branch_tokens.scalar_type() == at::kLong, "branch_tokens must be int64, got ",
+              branch_tokens.scalar_type());
+  TORCH_CHECK_VALUE(branch_tokens.dim() == 3 && branch_tokens.size(0) == rows && branch_tokens.size(2) == num_draft,
+              "branch_tokens must have shape [", rows, ", K, ", num_draft, "], got ", branch_tokens.sizes());
+  check_prior(branch_prior, rows, branch_tokens.size(1), target_logits);
+  check_same_device(branch, target_logits, "branch");
+  TORCH_CHECK_VALUE(branch.scalar_type() == at::kLong, "branch must be int64, got ", branch.scalar_type());
+  TORCH_CHECK_VALUE(branch.dim() == 1 && branch.size(0) == rows, "branch must have shape [", rows, "], got ",
+              branch.sizes());
+  check_uniforms(uniforms, rows, num_draft, target_logits);
+  check_filter_args(temperature, top_k, top_p);
+}
+
+void check_mixture_verify_args(const at::Tensor& target_logits, const at::Tensor& draft_logits,
+                               const at::Tensor& branch_prior, const at::Tensor& draft_tokens,
+                               const at::Tensor& uniforms, double temperature, int64_t top_k,
+                               double top_p, double draft_temperature) {
+  check_target_logits(target_logits);
+  const int64_t rows = target_logits.size(0), num_draft = target_logits.size(1) - 1;
+  const int64_t vocab = target_logits.size(2);
+  check_same_device(draft_logits, target_logits, "draft_logits");
+  check_floating_logits(draft_logits, "draft_logits");
+  TORCH_CHECK_VALUE(draft_logits.dim() == 4 && draft_logits.size(0) == rows && draft_logits.size(2) == num_draft &&
+                  draft_logits.size(3) == vocab,
+              "draft_logits must have shape [", rows, ", K, ", num_draft, ", ", vocab, "], got ",
+              draft_logits.sizes());
+  check_prior(branch_prior, rows, draft_logits.size(1), target_logits);
+  check_same_device(draft_tokens, target_logits, "draft_tokens");
+  TORCH_CHECK_VALUE(draft_tokens.scalar_type() == at::kLong, "draft_tokens must be int64, got ",
+              draft_tokens.scalar_type());
+  TORCH_CHECK_VALUE(draft_tokens.dim() == 2 && draft_tokens.size(0) == rows && draft_tokens.size(1) == num_draft,
+              "draft_tokens must have shape [", rows, ", ", num_draft, "], got ", draft_tokens.sizes());
+  check_uniforms(uniforms, rows, num_draft, target_logits);
+  check_filter_args(temperature, top_k, top_p);
+  TORCH_CHECK_VALUE(std::isfinite(draft_temperature) && draft_temperature > 0.0,
+              "draft_temperature must be finite and > 0, got ", draft_temperature);
+}
+
+void check_branch_verify_values(const at::Tensor& target_logits, const at::Tensor& branch_tokens,
+                                const at::Tensor& branch_prior, const at::Tensor& branch,
+                                const at::Tensor& uniforms) {
+  const int64_t num_branches = branch_prior.size(1);
+  auto checks = common_value_checks(target_logits, branch_prior, uniforms);
+  checks.push_back(range_check(branch_tokens, target_logits.size(2), "branch_tokens"));
+  checks.push_back(range_check(branch, num_branches, "branch"));
+  const at::Tensor chosen = branch_prior.gather(1, branch.clamp(0, num_branches - 1).unsqueeze(1));
+  checks.push_back({chosen.gt(0).all(), "branch must select categories with branch_prior > 0"});
+  run_value_checks(checks);
+}
+
+void check_mixture_verify_values(const at::Tensor& target_logits, const at::Tensor& draft_logits,
+                                 const at::Tensor& branch_prior, const at::Tensor& draft_tokens,
+                                 const at::Tensor& uniforms) {
+  auto checks = common_value_checks(target_logits, branch_prior, uniforms);
+  checks.push_back(finite_check(draft_logits, "draft_logits"));
+  checks.push_back(range_check(draft_tokens, target_logits.size(2), "draft_tokens"));
+  run_value_checks(checks);
+}
+
+}  // namespace dblast
