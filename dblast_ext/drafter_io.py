@@ -1,6 +1,7 @@
 """Reading and writing drafters in the DFlash checkpoint format (config.json +
 model.safetensors), with DBLast's branch head under `dblast_config`. Loading never runs
 code from the checkpoint."""
+import hashlib
 import json
 import os
 from typing import Optional
@@ -81,6 +82,18 @@ def checkpoint_files(path: str):
         if not os.path.isfile(needed):
             raise FileNotFoundError(f"drafter checkpoint file missing: {needed} (nothing is downloaded)")
     return files
+
+
+def checkpoint_digest(path: str) -> str:
+    """A short fingerprint (sha256 of config.json and model.safetensors) of a drafter checkpoint:
+    evaluation runs record it, so records of a retrained drafter under the same name never mix
+    with the old one's."""
+    digest = hashlib.sha256()
+    for name in checkpoint_files(path):
+        with open(name, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def load_drafter(path: str, target=None, num_branches: Optional[int] = None, *,

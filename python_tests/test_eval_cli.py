@@ -92,6 +92,18 @@ def test_eval_refuses_to_mix_settings_in_one_directory(setup, capsys):
     assert "other settings" in capsys.readouterr().err
 
 
+def test_eval_refuses_records_of_a_retrained_drafter(setup, capsys):
+    root, target, _, files = setup
+    drafter = write_dflash_checkpoint(root / "retrained", block_size=6, seed=1)
+    args = ["eval", "--target", target, "--drafter", drafter, "--datasets", files["alpha"], "--max-new-tokens", "6",
+            "--no-progress", "--out", str(root / "retrained-run")]
+    assert main(args) == 0
+    write_dflash_checkpoint(root / "retrained", block_size=6, seed=2)  # same path and name, new weights
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "other settings" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("change,message", [
     (["--datasets", "gsm9k"], "gsm9k"),
     (["--num-prompts", "0"], "--num-prompts"),
