@@ -58,7 +58,8 @@ def model_name(path: str) -> str:
 
 def run_settings(args, category_temperature: float, decoder) -> dict:
     return {"target": model_name(args.target), "drafter": model_name(args.drafter),
-            "drafter_digest": checkpoint_digest(args.drafter), "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+            "drafter_digest": checkpoint_digest(args.drafter),
+            "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
             "branches": decoder.drafter.num_branches, "block_size": decoder.drafter.config.block_size,
             "category_temperature": category_temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
             "measure_speedup": bool(getattr(args, "measure_speedup", False)), "kernels": not args.no_kernels}
