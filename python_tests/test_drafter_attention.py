@@ -57,7 +57,7 @@ def test_windows_and_dtypes(device, dtype, window):
     check(case, device, window=window)
 
 
-@pytest.mark.parametrize("dim", [16, 32, 96, 256])
+@pytest.mark.parametrize("dim", [16, 32, 64, 96, 128, 256])
 def test_every_supported_head_dim(device, dim):
     dtype = DTYPES[dim % 3]
     case = make_case(2, 2, 4, 16, dim, 200, dtype, seed=dim)
@@ -67,7 +67,7 @@ def test_every_supported_head_dim(device, dim):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the head-dim limit is the CUDA kernel's")
 def test_unsupported_head_dim_on_cuda_names_q():
     case = to_device(make_case(2, 2, 2, 4, 48, 50, torch.float32, seed=0), "cuda")
-    with pytest.raises(ValueError, match="head dim"):
+    with pytest.raises(ValueError, match="q's head dim D must be one of 16, 32, 64, 96, 128, 256 on CUDA, got 48"):
         ops.drafter_attention(**case)
 
 

@@ -2,6 +2,8 @@
 // compiled by the C++ compiler for both the CPU and CUDA bindings.
 #include "dblast/attention_checks.h"
 
+#include <c10/util/StringUtil.h>
+
 #include <algorithm>
 #include <cmath>
 #include <iterator>
@@ -58,8 +60,8 @@ void check_context_lens(const at::Tensor& context_lens, int64_t max_len) {
 
 void check_cuda_head_dim(const at::Tensor& q) {
   const int64_t dim = q.size(3);
-  const bool supported = std::find(std::begin(kCudaHeadDims), std::end(kCudaHeadDims), dim) != std::end(kCudaHeadDims);
-  TORCH_CHECK_VALUE(supported, "q's head dim D must be one of 16, 32, 64, 96, 128, 256 on CUDA, got ", dim);
+  const bool supported = std::find(kCudaHeadDims.begin(), kCudaHeadDims.end(), dim) != kCudaHeadDims.end();
+  TORCH_CHECK_VALUE(supported, "q's head dim D must be one of ", c10::Join(", ", kCudaHeadDims), " on CUDA, got ", dim);
 }
 
 }  // namespace dblast

@@ -8,6 +8,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <type_traits>
+#include <utility>
 
 #include "dblast/attention_checks.h"
 #include "dblast/verify_checks.h"
@@ -187,12 +189,24 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Calls f(std::integral_constant<int, D>{}) for the D of kCudaHeadDims equal to `dim`: one
+// kernel instantiation per supported head dim (D/4 accumulators per thread), none elsewhere.
+template <typename F, size_t... I>
+void for_cuda_head_dim(int64_t dim, F&& f, std::index_sequence<I...>) {
+  ((dim == kCudaHeadDims[I] ? (f(std::integral_constant<int, static_cast<int>(kCudaHeadDims[I])>{}), true) : false) ||
+   ...);
+}
+
+template <typename F>
+void for_cuda_head_dim(int64_t dim, F&& f) {
+  for_cuda_head_dim(dim, std::forward<F>(f), std::make_index_sequence<kCudaHeadDims.size()>{});
+}
+
 at::Tensor drafter_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& k_block, const at::Tensor& v_block, const at::Tensor& context_lens,
                                   double scale, int64_t window) {
   check_drafter_attention_args(q, k_cache, v_cache, k_block, v_block, context_lens, scale, window);
   const int64_t dim = q.size(3);
-  // one kernel instantiation per head dim (kCudaHeadDims): D/4 accumulators per thread
   check_cuda_head_dim(q);
   check_context_lens(context_lens, k_cache.size(2));
   const c10::cuda::CUDAGuard guard(q.device());
@@ -220,14 +234,9 @@ at::Tensor drafter_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache
                      lens.data_ptr<int32_t>(), partial_out.data_ptr<float>(), partial_max.data_ptr<float>(),
                      partial_sum.data_ptr<float>()};
   DBLAST_DISPATCH_LOGITS(q.scalar_type(), "drafter_attention_cuda", [&] {
-    switch (dim) {
-      case 16: launch<scalar_t, 16>(qc, kc, vc, kb, vb, args, rows, query_tiles, out, stream); break;
-      case 32: launch<scalar_t, 32>(qc, kc, vc, kb, vb, args, rows, query_tiles, out, stream); break;
-      case 64: launch<scalar_t, 64>(qc, kc, vc, kb, vb, args, rows, query_tiles, out, stream); break;
-      case 96: launch<scalar_t, 96>(qc, kc, vc, kb, vb, args, rows, query_tiles, out, stream); break;
-      case 128: launch<scalar_t, 128>(qc, kc, vc, kb, vb, args, rows, query_tiles, out, stream); break;
-      default: launch<scalar_t, 256>(qc, kc, vc, kb, vb, args, rows, query_tiles, out, stream); break;
-    }
+    for_cuda_head_dim(dim, [&](auto head_dim) {
+      launch<scalar_t, decltype(head_dim)::value>(qc, kc, vc, kb, vb, args, rows, query_tiles, out, stream);
+    });
   });
   return out;
 }

@@ -6,6 +6,8 @@
 
 #include <torch/types.h>
 
+#include <array>
+
 #include "dblast/attention_window.h"
 
 namespace dblast {
@@ -17,9 +19,9 @@ void check_drafter_attention_args(const at::Tensor& q, const at::Tensor& k_cache
 // context_lens values in [0, L_max]; reads the lengths (one sync on CUDA).
 void check_context_lens(const at::Tensor& context_lens, int64_t max_len);
 
-// The head dims the CUDA kernel is instantiated for (csrc/cuda/drafter_attention.cu switches
-// over exactly these).
-constexpr int64_t kCudaHeadDims[] = {16, 32, 64, 96, 128, 256};
+// The head dims the CUDA kernel is instantiated for: csrc/cuda/drafter_attention.cu makes one
+// instantiation per entry, and the error message lists them.
+constexpr std::array<int64_t, 6> kCudaHeadDims{16, 32, 64, 96, 128, 256};
 void check_cuda_head_dim(const at::Tensor& q);
 
 }  // namespace dblast
