@@ -53,11 +53,12 @@ dblast data generate --prompts "$WORK/heldout-prompts.jsonl" --out "$WORK/heldou
 # the data files must hold exactly the responses to today's prompts (a resumed WORK made with
 # other sizes or prompt files would otherwise train on stale records)
 python - "$WORK" <<'PY'
-import json, sys
+import sys
+from dblast_ext.jsonl import read_jsonl
 work = sys.argv[1]
 for prompts, data in (("prompts.jsonl", "train.jsonl"), ("heldout-prompts.jsonl", "heldout.jsonl")):
-    asked = {json.loads(line)["id"] for line in open(f"{work}/{prompts}") if line.strip()}
-    have = {json.loads(line)["prompt_id"] for line in open(f"{work}/{data}") if line.strip()}
+    asked = {record["id"] for _, record in read_jsonl(f"{work}/{prompts}", "prompts")}
+    have = {record["prompt_id"] for _, record in read_jsonl(f"{work}/{data}", "training data")}
     if asked != have:
         sys.exit(f"{work}/{data} does not match {prompts}: {len(have - asked)} records of other prompts, "
                  f"{len(asked - have)} prompts without a record; remove the stale records or use a new WORK")
