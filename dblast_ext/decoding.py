@@ -124,6 +124,19 @@ def sample_from_logits(logits: torch.Tensor, sampling: SamplingParams, generator
     return int(reference.inverse_cdf_sample(probs[None], u)[0])
 
 
+def prompt_tensor(input_ids, max_new_tokens: int, device) -> torch.Tensor:
+    """One prompt as a [1, T] int64 tensor on `device`, checked before any model runs."""
+    ids = torch.as_tensor(input_ids, dtype=torch.int64, device=device)
+    ids = ids.view(1, -1) if ids.dim() == 1 else ids
+    if ids.dim() != 2 or ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be one prompt ([T] or [1, T]), got shape {tuple(ids.shape)}")
+    if ids.shape[1] == 0:
+        raise ValueError("input_ids is empty: the prompt needs at least one token")
+    if max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+    return ids
+
+
 class SpeculativeDecoder:
     def __init__(self, target, drafter: DBlastDrafter, *, category_temperature: float = 1.0,
                  use_kernels: bool = True):
@@ -135,17 +148,6 @@ class SpeculativeDecoder:
         self.category_temperature = category_temperature
         self.use_kernels = use_kernels
 
-    def _prompt(self, input_ids, max_new_tokens: int) -> torch.Tensor:
-        ids = torch.as_tensor(input_ids, dtype=torch.int64, device=self.target.device)
-        ids = ids.view(1, -1) if ids.dim() == 1 else ids
-        if ids.dim() != 2 or ids.shape[0] != 1:
-            raise ValueError(f"input_ids must be one prompt ([T] or [1, T]), got shape {tuple(ids.shape)}")
-        if ids.shape[1] == 0:
-            raise ValueError("input_ids is empty: the prompt needs at least one token")
-        if max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
-        return ids
-
     @torch.inference_mode()
     def generate(self, input_ids, sampling: Optional[SamplingParams] = None, max_new_tokens: int = 256,
                  stop_token_ids: Optional[Sequence[int]] = None, seed: int = 0,
@@ -153,7 +155,7 @@ class SpeculativeDecoder:
         """Speculative sampling; `on_tokens(new_ids)` is called with the tokens each cycle
         commits (for streaming), in order, ending with the last token returned."""
         sampling = sampling or SamplingParams()
-        ids = self._prompt(input_ids, max_new_tokens)
+        ids = prompt_tensor(input_ids, max_new_tokens, self.target.device)
         stops = set(stop_token_ids or ())
         generator = torch.Generator().manual_seed(seed)
         start_time = time.perf_counter()
@@ -221,7 +223,7 @@ class SpeculativeDecoder:
         anchor (as if the prefix had just been committed): acceptance at a chosen point of a
         response, for diagnostics."""
         sampling = sampling or SamplingParams()
-        ids = self._prompt(prefix_ids, 1)
+        ids = prompt_tensor(prefix_ids, 1, self.target.device)
         if ids.shape[1] < 2:
             raise ValueError("prefix_ids needs at least two tokens: context and the anchor")
         target_cache = self.target.new_cache()
@@ -233,27 +235,36 @@ class SpeculativeDecoder:
         record, _, _ = self._cycle(int(ids[0, -1]), context, target_cache, drafter_cache, sampling, generator)
         return record
 
-    @torch.inference_mode()
     def generate_autoregressive(self, input_ids, sampling: Optional[SamplingParams] = None,
                                 max_new_tokens: int = 256, stop_token_ids: Optional[Sequence[int]] = None,
                                 seed: int = 0, on_tokens: Optional[Callable[[List[int]], None]] = None
                                 ) -> GenerationOutput:
-        """The target alone, with the same filter: the speed-up baseline."""
-        sampling = sampling or SamplingParams()
-        ids = self._prompt(input_ids, max_new_tokens)
-        stops = set(stop_token_ids or ())
-        generator = torch.Generator().manual_seed(seed)
-        start_time = time.perf_counter()
-        cache = self.target.new_cache()
-        logits, _ = self.target.forward(ids, cache, hidden_states=False, last_logits_only=True)
-        generated = []
-        while True:
-            token = sample_from_logits(logits[0, -1], sampling, generator)
-            generated.append(token)
-            if on_tokens:
-                on_tokens([token])
-            if token in stops or len(generated) >= max_new_tokens:
-                break
-            logits, _ = self.target.forward(torch.tensor([[token]], device=ids.device), cache, hidden_states=False)
-        stopped = bool(stops) and generated[-1] in stops
-        return GenerationOutput(generated, stopped, [], time.perf_counter() - start_time)
+        """The target alone, with the same filter (`sample_autoregressive`): the speed-up baseline."""
+        return sample_autoregressive(self.target, input_ids, sampling, max_new_tokens, stop_token_ids, seed,
+                                     on_tokens)
+
+
+@torch.inference_mode()
+def sample_autoregressive(target: TargetAdapter, input_ids, sampling: Optional[SamplingParams] = None,
+                          max_new_tokens: int = 256, stop_token_ids: Optional[Sequence[int]] = None, seed: int = 0,
+                          on_tokens: Optional[Callable[[List[int]], None]] = None) -> GenerationOutput:
+    """Sampling from the target alone, one token per pass, with the speculative path's filter and
+    inverse-CDF rule."""
+    sampling = sampling or SamplingParams()
+    ids = prompt_tensor(input_ids, max_new_tokens, target.device)
+    stops = set(stop_token_ids or ())
+    generator = torch.Generator().manual_seed(seed)
+    start_time = time.perf_counter()
+    cache = target.new_cache()
+    logits, _ = target.forward(ids, cache, hidden_states=False, last_logits_only=True)
+    generated = []
+    while True:
+        token = sample_from_logits(logits[0, -1], sampling, generator)
+        generated.append(token)
+        if on_tokens:
+            on_tokens([token])
+        if token in stops or len(generated) >= max_new_tokens:
+            break
+        logits, _ = target.forward(torch.tensor([[token]], device=ids.device), cache, hidden_states=False)
+    stopped = bool(stops) and generated[-1] in stops
+    return GenerationOutput(generated, stopped, [], time.perf_counter() - start_time)

@@ -162,6 +162,41 @@ def test_diagnose_determinism_bins_truncation_points(setup):
     assert (out / "determinism.png").read_bytes().startswith(PNG)
 
 
+@pytest.mark.parametrize("temperature", ["0", "1.0"])
+def test_diagnose_oracle_reads_cycles_off_target_responses(setup, capsys, temperature):
+    root, target, _, files = setup
+    out = root / f"oracle-T{temperature}"
+    argv = ["diagnose", "oracle", "--target", target, "--datasets", f"{files['alpha']},{files['beta']}",
+            "--max-new-tokens", "12", "--block-size", "4", "--temperature", temperature, "--all-responses",
+            "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    records = read_records(str(out / "records.jsonl"))
+    assert len(records) == 4 + 3  # first turns only
+    for r in records:
+        # every token after the first is an accepted draft or closes a cycle, except past the end
+        assert r["new_tokens"] - 1 <= sum(n + 1 for n in r["accepted"]) <= r["new_tokens"]
+        assert len(r["top_probability"]) == r["new_tokens"] - 1
+        if temperature == "0":  # greedy: every cycle but the last at the ceiling
+            assert all(n == 3 for n in r["accepted"][:-1]) and set(r["top_probability"]) <= {1.0}
+    result = json.loads((out / "oracle.json").read_text())
+    for name in ("alpha", "beta"):
+        assert result["datasets"][name]["tau"] == pytest.approx(
+            summarize([r for r in records if r["dataset"] == name], eos_only=False)["tau"])
+        assert (out / f"histogram_{name}.png").read_bytes().startswith(PNG)
+    assert "oracle drafter" in (out / "oracle.md").read_text().lower()
+    # resumed: nothing is generated again, the same table comes out
+    first = (out / "oracle.md").read_text()
+    assert main(argv) == 0 and (out / "oracle.md").read_text() == first
+    assert len(read_records(str(out / "records.jsonl"))) == 7
+
+
+def test_diagnose_oracle_rejects_a_bad_block_size(setup, capsys):
+    root, target, _, files = setup
+    assert main(["diagnose", "oracle", "--target", target, "--datasets", files["alpha"], "--block-size", "1",
+                 "--out", str(root / "oracle-bad")]) == 2
+    assert "--block-size must be >= 2" in capsys.readouterr().err
+
+
 def test_calibration_chooses_z_on_a_split_and_eval_reports_the_rest(setup, capsys):
     out = setup[0] / "calibrated"
     assert main(["eval", *model_args(setup, "--out", str(out), "--branches", "4", "--category-temperature",

@@ -29,14 +29,18 @@ def add_sampling_args(p, temperature: float = 1.0) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
 
 
-def check_args(args) -> None:
-    """Cheap checks before any model loads, each naming its flag."""
+def check_sampling_args(args) -> None:
     if args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.max_new_tokens <= 0:
         raise ValueError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
+
+
+def check_args(args) -> None:
+    """Cheap checks before any model loads, each naming its flag."""
+    check_sampling_args(args)
     if args.branches is not None and args.branches < 1:
         raise ValueError(f"--branches must be >= 1, got {args.branches}")
     if args.block_size is not None and args.block_size < 2:

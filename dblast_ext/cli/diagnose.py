@@ -8,6 +8,9 @@
   determinism                expected accepted length at truncation points of target
                              responses, binned by target-block early determinism (DBLast
                              Eq 22-24, Figure 1)
+  oracle                     the committed length of a drafter that always drafts the
+                             target's most likely token: how far one-branch greedy drafting
+                             can go on this target and filter, no drafter needed
 """
 import argparse
 import json
@@ -17,15 +20,18 @@ import sys
 
 import torch
 
+from ..decoding import TargetAdapter
 from ..eval.datasets import chat_messages
 from ..eval.determinism import bin_by_determinism, early_determinism
 from ..eval.metrics import expansion_decomposition, summarize
+from ..eval.oracle import oracle_records
 from ..eval.records import read_run_records
+from ..eval.report import plot_histogram
 from ..eval.runner import response_seed
-from ..target_loading import encode_messages
-from .common import add_model_args, add_sampling_args, check_args, load_decoder, sampling_of
+from ..target_loading import check_target_path, default_device, encode_messages, load_target, stop_token_ids
+from .common import add_model_args, add_sampling_args, check_args, check_sampling_args, load_decoder, sampling_of
 from .display import acceptance_histogram
-from .evaluate import add_eval_args, generate_records, load_all_prompts
+from .evaluate import add_eval_args, generate_records, load_all_prompts, model_name
 
 
 def add_parser(subparsers) -> None:
@@ -47,10 +53,27 @@ def add_parser(subparsers) -> None:
     d.add_argument("--category-temperature", type=float, default=1.0)
     d.add_argument("--truncations", type=int, default=200, help="truncation points sampled over the responses")
     d.add_argument("--samples", type=int, default=20, help="M, target blocks sampled per truncation point")
+    o = kinds.add_parser("oracle", help="committed length of an always-the-top-token drafter (a ceiling)")
+    o.add_argument("--target", default="default",
+                   help="local directory of a transformers causal LM (+ tokenizer); 'default' is the embedded "
+                        "SmolLM2-135M-Instruct")
+    o.add_argument("--block-size", type=int, default=16, help="b: the oracle drafts b - 1 tokens per cycle (16)")
+    o.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    o.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
+    o.add_argument("--seed", type=int, default=0)
+    add_sampling_args(o)
+    o.add_argument("--datasets", default="gsm8k,mtbench,humaneval,math500",
+                   help="comma-separated: gsm8k, math500, humaneval, mtbench, or .jsonl paths (first turns)")
+    o.add_argument("--num-prompts", type=int, default=None, help="the first N prompts of each dataset")
+    o.add_argument("--all-responses", action="store_true",
+                   help="statistics over every response, not only those that ended with EOS")
+    o.add_argument("--out", required=True, help="output directory (created; an existing one is resumed)")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args) -> int:
-    return {"ceiling": run_ceiling, "expansion": run_expansion, "determinism": run_determinism}[args.kind](args)
+    return {"ceiling": run_ceiling, "expansion": run_expansion, "determinism": run_determinism,
+            "oracle": run_oracle}[args.kind](args)
 
 
 def run_ceiling(args) -> int:
@@ -157,6 +180,50 @@ def run_determinism(args) -> int:
     with open(os.path.join(args.out, "determinism.md"), "w") as f:
         f.write(table + "\n")
     plot_determinism(os.path.join(args.out, "determinism.png"), bins)
+    print(table)
+    return 0
+
+
+def run_oracle(args) -> int:
+    check_sampling_args(args)
+    if args.block_size < 2:
+        raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
+    check_target_path(args.target)
+    prompts = load_all_prompts(args)
+    os.makedirs(args.out, exist_ok=True)
+    device = args.device or default_device()
+    model, tokenizer = load_target(args.target, device=device, dtype=args.dtype)
+    sampling = sampling_of(args)
+    settings = {"target": model_name(args.target), "oracle": "top token", "temperature": args.temperature,
+                "top_p": args.top_p, "top_k": args.top_k, "block_size": args.block_size,
+                "max_new_tokens": args.max_new_tokens, "seed": args.seed}
+    records = oracle_records(TargetAdapter(model, []), tokenizer, prompts, os.path.join(args.out, "records.jsonl"),
+                             sampling=sampling, block_size=args.block_size, max_new_tokens=args.max_new_tokens,
+                             seed=args.seed, stop_token_ids=stop_token_ids(model, tokenizer), settings=settings,
+                             progress=not args.no_progress)
+    summaries = {}
+    for name in sorted({r["dataset"] for r in records}):
+        kept = [r for r in records if r["dataset"] == name]
+        summaries[name] = summarize(kept, eos_only=not args.all_responses)
+        used = [r for r in kept if r["eos_terminated"] or args.all_responses]
+        probabilities = [p for r in used for p in r["top_probability"]]
+        summaries[name]["top_probability"] = sum(probabilities) / len(probabilities) if probabilities else None
+        plot_histogram(os.path.join(args.out, f"histogram_{name}.png"), summaries[name]["histogram"],
+                       f"{name}: oracle drafter, T = {args.temperature}")
+    with open(os.path.join(args.out, "oracle.json"), "w") as f:
+        json.dump({"settings": settings, "datasets": summaries}, f, indent=2)
+    lines = [f"Oracle drafter (always the target's most likely token), block {args.block_size}, temperature "
+             f"{args.temperature}, top-p {args.top_p}, top-k {args.top_k}:", "",
+             "| dataset | tau [95% CI] | cycle mean | ceiling | mean top-token probability | prompts (EOS / responses) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, s in summaries.items():
+        top = "-" if s["top_probability"] is None else f"{s['top_probability']:.3f}"
+        lines.append(f"| {name} | {s['tau']:.2f} [{s['tau_ci'][0]:.2f}, {s['tau_ci'][1]:.2f}] | {s['cycle_mean']:.2f} | "
+                     f"{100 * s['ceiling_fraction']:.1f}% | {top} | {s['n_prompts']} "
+                     f"({s['n_eos_terminated']} / {s['n_responses']}) |")
+    table = "\n".join(lines)
+    with open(os.path.join(args.out, "oracle.md"), "w") as f:
+        f.write(table + "\n")
     print(table)
     return 0
 

@@ -7,18 +7,22 @@
 # Phases (PHASES, default all, in this order; each resumable, rerun to continue):
 #   accept   acceptance statistics, WORKERS processes of one thread each (these statistics do
 #            not depend on timing, so the runs share the cores)
+#   oracle   the committed length of an oracle drafter that always drafts the target's most
+#            likely token (`dblast diagnose oracle`), at temperatures 0.7, 1.0, 1.5 on the first
+#            ORACLE_PROMPTS prompts of each dataset: how far one-branch drafting could go here
 #   speed    speed-up over target-only sampling: one process at a time with every core, on
 #            the first SPEED_PROMPTS prompts of each dataset (the same prompts and seeds)
 #   blocks   speed-up on GSM8K at temperature 0.7 with shorter inference blocks (16, 8, 4): on a
 #            CPU a target pass costs about in proportion to the tokens it verifies
 #   determinism  accepted length binned by early determinism, MT-Bench, temperature 1.0
 #   collect  report files (summary, report, plots; not the records) into results/smollm2/
-# Environment: OUT (runs, default runs/smollm2-eval), PROMPTS (45), SPEED_PROMPTS (10),
+# Environment: OUT (runs, default runs/smollm2-eval), PROMPTS (45), SPEED_PROMPTS (10), ORACLE_PROMPTS (20),
 # WORKERS (2), GRID (the Z_T grid, 0,0.5,1), MAX_NEW_TOKENS (256; smaller only for a smoke run).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/smollm2-eval} PROMPTS=${PROMPTS:-45} SPEED_PROMPTS=${SPEED_PROMPTS:-10} WORKERS=${WORKERS:-2}
-GRID=${GRID:-0,0.5,1} PHASES=${PHASES:-accept speed blocks determinism collect} MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
+ORACLE_PROMPTS=${ORACLE_PROMPTS:-20} GRID=${GRID:-0,0.5,1} MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
+PHASES=${PHASES:-accept oracle speed blocks determinism collect}
 DATASETS=gsm8k,mtbench,humaneval,math500
 mkdir -p "$OUT"
 
@@ -37,8 +41,13 @@ one_run() {  # one_run ARM T: the acceptance run of one arm at one temperature
     --out "$OUT/accept/$arm-T$t" > "$OUT/accept-$arm-T$t.log" 2>&1 \
     && echo "done $arm T=$t ($(date -u +%T))" || { echo "FAILED $arm T=$t: see $OUT/accept-$arm-T$t.log"; return 1; }
 }
-export -f one_run sampling
-export OUT PROMPTS DATASETS GRID MAX_NEW_TOKENS
+one_oracle() {  # one_oracle T: the oracle drafter at one temperature (acceptance only, so runs share the cores)
+  OMP_NUM_THREADS=1 dblast diagnose oracle --datasets "$DATASETS" --num-prompts "$ORACLE_PROMPTS" $(sampling "$1") \
+    --max-new-tokens "$MAX_NEW_TOKENS" --no-progress --out "$OUT/oracle/T$1" > "$OUT/oracle-T$1.log" 2>&1 \
+    && echo "done oracle T=$1 ($(date -u +%T))" || { echo "FAILED oracle T=$1: see $OUT/oracle-T$1.log"; return 1; }
+}
+export -f one_run one_oracle sampling
+export OUT PROMPTS ORACLE_PROMPTS DATASETS GRID MAX_NEW_TOKENS
 
 for phase in $PHASES; do
   echo "== $phase ($(date -u +%T))"
@@ -46,6 +55,8 @@ for phase in $PHASES; do
     accept)
       for t in 0.7 1.0 1.5 0; do for arm in dblast-k4 dflash-k1; do echo "$arm $t"; done; done \
         | xargs -P "$WORKERS" -L 1 bash -c 'one_run "$0" "$1"' ;;
+    oracle)
+      printf '%s\n' 0.7 1.0 1.5 | xargs -P "$WORKERS" -L 1 bash -c 'one_oracle "$0"' ;;
     speed)
       for t in 0.7 1.0 1.5 0; do
         for arm in dblast-k4 dflash-k1; do

@@ -1,0 +1,94 @@
+"""The oracle drafter (eval/oracle.py): reading the cycles of an always-the-top-token drafter
+off a response equals verifying its drafts with the verifier, cycle for cycle."""
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from dblast_ext import reference  # noqa: E402
+from dblast_ext.decoding import SamplingParams, TargetAdapter  # noqa: E402
+from dblast_ext.eval.oracle import oracle_accepted, top_token_matches  # noqa: E402
+from tiny_models import tiny_target  # noqa: E402
+
+VOCAB, PROMPT = 12, [3, 7, 1, 8, 5]
+
+
+def filtered_probs(model, sequence, sampling):
+    with torch.no_grad():
+        logits = model(torch.tensor([sequence])).logits[0].float()
+    return reference.filter_target_probs(logits, **sampling.kwargs())
+
+
+def oracle_speculative_decoding(model, sampling, num_draft, cycles, seed):
+    """Speculative sampling whose drafter drafts the filtered target's argmax path, verified by
+    reference.branch_verify with K = 1: the response and the accepted count of every cycle."""
+    generator = torch.Generator().manual_seed(seed)
+    first = filtered_probs(model, PROMPT, sampling)[-1]
+    response = [int(torch.multinomial(first, 1, generator=generator))]
+    accepted = []
+    for _ in range(cycles):
+        draft, path = [], PROMPT + response
+        for _ in range(num_draft):
+            draft.append(int(filtered_probs(model, path, sampling)[-1].argmax()))
+            path = path + draft[-1:]
+        with torch.no_grad():
+            logits = model(torch.tensor([PROMPT + response + draft])).logits[:, len(PROMPT) + len(response) - 1:]
+        result = reference.branch_verify(logits.float(), torch.tensor([[draft]]), torch.tensor([[1.0]]),
+                                         torch.tensor([0]), generator=generator, **sampling.kwargs())
+        n = int(result.num_accepted[0])
+        accepted.append(n)
+        response += result.output_tokens[0, : n + 1].tolist()
+    return response, accepted
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(1.0, 0, 1.0), SamplingParams(0.7, 6, 0.9),
+                                      SamplingParams(1.5, 0, 0.95)])
+def test_reading_the_cycles_off_a_response_equals_verifying_top_token_drafts(sampling):
+    model = tiny_target(vocab_size=VOCAB, layers=2)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)  # peaked distributions: long runs of top tokens and real rejections
+    adapter = TargetAdapter(model, [0])
+    seen = []
+    for seed in range(6):
+        response, accepted = oracle_speculative_decoding(model, sampling, num_draft=3, cycles=8, seed=seed)
+        matches, top_probability = top_token_matches(adapter, PROMPT, response, sampling)
+        assert oracle_accepted(matches, 3) == accepted
+        for i, (match, p) in enumerate(zip(matches, top_probability)):
+            probs = filtered_probs(model, PROMPT + response[: i + 1], sampling)[-1]
+            assert p == pytest.approx(float(probs.max()), rel=1e-5)
+            assert match == (int(probs.argmax()) == response[i + 1])
+        seen += accepted
+    assert 0 in seen and 3 in seen  # both rejections and full blocks were exercised
+
+
+def test_greedy_responses_reach_the_ceiling_every_cycle():
+    model = tiny_target(vocab_size=VOCAB, layers=2)
+    adapter = TargetAdapter(model, [0])
+    greedy = SamplingParams(0.0)
+    response = []
+    for _ in range(14):
+        response.append(int(filtered_probs(model, PROMPT + response, greedy)[-1].argmax()))
+    matches, top_probability = top_token_matches(adapter, PROMPT, response, greedy)
+    assert all(matches) and top_probability == [1.0] * 13
+    assert oracle_accepted(matches, 4) == [4, 4, 3]  # 13 tokens after the first: two full cycles, then the end
+
+
+@pytest.mark.parametrize("matches, num_draft, cycles", [
+    ([], 3, []),
+    ([False, False], 3, [0, 0]),
+    ([True, True, True, True, True], 3, [3, 1]),      # 3 drafts + bonus, then one accepted draft at the end
+    ([True, False, True, True, False, True], 2, [1, 2, 1]),
+    ([True, True, False, False, True], 5, [2, 0, 1]),
+])
+def test_cycles_end_at_the_first_other_token_or_after_b_minus_1_drafts(matches, num_draft, cycles):
+    assert oracle_accepted(matches, num_draft) == cycles
+    # every token after the first is drafted-and-accepted or closes a cycle, except past the end
+    assert len(matches) <= sum(n + 1 for n in cycles) <= len(matches) + 1
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(ValueError, match="num_draft"):
+        oracle_accepted([True], 0)
+    adapter = TargetAdapter(tiny_target(vocab_size=VOCAB, layers=1), [0])
+    with pytest.raises(ValueError, match="prompt_ids"):
+        top_token_matches(adapter, [], [3, 4], SamplingParams(1.0))
