@@ -8,7 +8,7 @@ import torch
 from dblast_ext import DrafterCache, load_drafter, save_pretrained
 from dblast_ext.drafter import rope
 
-from tiny_models import (H, HEAD_DIM, HEADS, KV_HEADS, TARGET_LAYERS, VOCAB, dflash_config, dflash_state,
+from tiny_models import (H, HEAD_DIM, HEADS, KV_HEADS, TARGET_LAYERS, VOCAB, dflash_state,
                          write_dflash_checkpoint)
 
 

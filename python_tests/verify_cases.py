@@ -1,6 +1,5 @@
 """Input builders and comparison helpers shared by the verifier tests and benchmarks."""
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
