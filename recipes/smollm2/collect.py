@@ -1,6 +1,6 @@
 """Gathers the embedded pair's evaluation (recipes/smollm2/eval.sh) into a results folder:
-each run's report.md, summary.json, calibration and plots, the determinism diagnostic, and
-results.md with the tables the README shows.
+each run's report.md, summary.json, calibration and plots, the oracle-drafter and determinism
+diagnostics, and results.md with the tables the README shows.
 
     python recipes/smollm2/collect.py --runs runs/smollm2-eval --out results/smollm2
 """
@@ -37,7 +37,7 @@ def copy_run(src, dst, runs_root):
     """Copies a run's reports; text files name the runs folder as `runs`, not where it was."""
     os.makedirs(dst, exist_ok=True)
     for pattern in ("report.md", "summary.json", "*.png", "calibration/calibration.json", "calibration/*.png",
-                    "determinism.*"):
+                    "determinism.*", "oracle.*"):
         for path in glob.glob(os.path.join(src, pattern)):
             target = os.path.join(dst, os.path.relpath(path, src).replace("/", "_"))
             if path.endswith((".json", ".md")):
@@ -105,17 +105,35 @@ def main() -> None:
                               f"{fmt(g['speedup'])}x | {g['n_prompts']} |")
     block_header = ("| drafter | inference block | tau [95% CI] | expected accepted | speed-up | prompts |\n"
                     "| --- | ---: | ---: | ---: | ---: | ---: |")
+    oracle_rows = []
+    for t in TEMPERATURES[1:]:  # greedy decoding always matches its top token: the oracle is at the ceiling
+        oracle_dir = os.path.join(args.runs, "oracle", f"T{t}")
+        oracle = load(os.path.join(oracle_dir, "oracle.json"))
+        if oracle is None:
+            continue
+        copy_run(oracle_dir, os.path.join(args.out, f"oracle-T{t}"), args.runs)
+        per = oracle["datasets"]
+        top = [per[d]["top_probability"] for d in DATASETS if per.get(d, {}).get("top_probability") is not None]
+        oracle_rows.append(f"| {t} ({FILTERS[t]}) | " + " | ".join(tau_cell(per.get(d)) for d in DATASETS)
+                           + f" | {fmt(sum(top) / len(top) if top else None, 3)} | "
+                           + str(sum(per[d]["n_prompts"] for d in DATASETS if d in per)) + " |")
+    oracle_header = ("| temperature | tau GSM8K | tau MT-Bench | tau HumanEval | tau MATH-500 | "
+                     "mean top-token probability | prompts |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     determinism = os.path.join(args.runs, "determinism")
     if os.path.isdir(determinism):
         copy_run(determinism, os.path.join(args.out, "determinism"), args.runs)
     missing = "\n*(no runs of this phase yet: `bash recipes/smollm2/eval.sh` makes them)*"
-    main_rows, detail_rows, block_rows = (rows or [missing] for rows in (main_rows, detail_rows, block_rows))
+    main_rows, detail_rows, block_rows, oracle_rows = (
+        rows or [missing] for rows in (main_rows, detail_rows, block_rows, oracle_rows))
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write("# SmolLM2-135M-Instruct with the embedded drafters\n\n" + header + "\n" + "\n".join(main_rows)
                 + "\n\n## Per dataset\n\n" + detail_header + "\n" + "\n".join(detail_rows)
                 + "\n\n## Inference block length on the CPU (GSM8K, temperature 0.7, top-p 0.8, top-k 20)\n\n"
-                + block_header + "\n" + "\n".join(block_rows) + "\n")
-    print(header + "\n" + "\n".join(main_rows) + "\n\n" + block_header + "\n" + "\n".join(block_rows))
+                + block_header + "\n" + "\n".join(block_rows)
+                + "\n\n## Oracle drafter: always the target's most likely token (block 16, first turns)\n\n"
+                + oracle_header + "\n" + "\n".join(oracle_rows) + "\n")
+    print(header + "\n" + "\n".join(main_rows) + "\n\n" + block_header + "\n" + "\n".join(block_rows)
+          + "\n\n" + oracle_header + "\n" + "\n".join(oracle_rows))
 
 
 if __name__ == "__main__":
