@@ -26,7 +26,7 @@ from ..eval.determinism import bin_by_determinism, early_determinism
 from ..eval.metrics import expansion_decomposition, summarize
 from ..eval.oracle import oracle_records
 from ..eval.records import read_run_records
-from ..eval.report import plot_histogram
+from ..eval.report import plot_histogram, slug
 from ..eval.runner import response_seed
 from ..target_loading import check_target_path, default_device, encode_messages, load_target, stop_token_ids
 from .common import add_model_args, add_sampling_args, check_args, check_sampling_args, load_decoder, sampling_of
@@ -208,8 +208,12 @@ def run_oracle(args) -> int:
         used = [r for r in kept if r["eos_terminated"] or args.all_responses]
         probabilities = [p for r in used for p in r["top_probability"]]
         summaries[name]["top_probability"] = sum(probabilities) / len(probabilities) if probabilities else None
-        plot_histogram(os.path.join(args.out, f"histogram_{name}.png"), summaries[name]["histogram"],
-                       f"{name}: oracle drafter, T = {args.temperature}")
+    try:
+        for name, s in summaries.items():
+            plot_histogram(os.path.join(args.out, f"histogram_{slug(name)}.png"), s["histogram"],
+                           f"{name}: oracle drafter, T = {args.temperature}")
+    except ImportError:
+        print("matplotlib is not installed: histogram plots skipped (pip install matplotlib)", file=sys.stderr)
     with open(os.path.join(args.out, "oracle.json"), "w") as f:
         json.dump({"settings": settings, "datasets": summaries}, f, indent=2)
     lines = [f"Oracle drafter (always the target's most likely token), block {args.block_size}, temperature "

@@ -56,7 +56,7 @@ def markdown_report(summary: Dict, settings: dict, title: str = "Evaluation") ->
         lines.append(f"\n{name}: not summarised: {why}")
     for name, s in summary["datasets"].items():
         lines += ["", f"## {name}: acceptance histogram (accepted drafts per cycle)", "",
-                  f"![{name} histogram](histogram_{_slug(name)}.png)", "", "| n | cycles | share |", "| ---: | ---: | ---: |"]
+                  f"![{name} histogram](histogram_{slug(name)}.png)", "", "| n | cycles | share |", "| ---: | ---: | ---: |"]
         total = sum(s["histogram"]) or 1
         for n, count in enumerate(s["histogram"]):
             mark = " (ceiling)" if n == len(s["histogram"]) - 1 else ""
@@ -65,7 +65,7 @@ def markdown_report(summary: Dict, settings: dict, title: str = "Evaluation") ->
     return "\n".join(lines)
 
 
-def _slug(name: str) -> str:
+def slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
 
 
@@ -122,7 +122,7 @@ def write_report(out_dir: str, records: Sequence[dict], settings: dict, *, eos_o
     plots_skipped: Optional[str] = None
     try:
         for name, s in summary["datasets"].items():
-            plot_histogram(os.path.join(out_dir, f"histogram_{_slug(name)}.png"), s["histogram"],
+            plot_histogram(os.path.join(out_dir, f"histogram_{slug(name)}.png"), s["histogram"],
                            f"{name}: ceiling {100 * s['ceiling_fraction']:.1f}%, tau {s['tau']:.2f}")
         if summary["datasets"]:
             plot_committed_length(os.path.join(out_dir, "committed_length.png"), summary["datasets"])
