@@ -108,4 +108,4 @@ def test_dblast_demo_runs_within_minutes(tmp_path):
     assert time.time() - started < 300
     out = done.stdout
     assert out.count("committed length") >= 4 and "ceiling (all accepted)" in out
-    assert "speed-up:" in out and "[4/4]" in out
+    assert "speed-up:" in out and "[4/4]" in out and "a cycle costs" in out

@@ -59,6 +59,7 @@ def run(args) -> int:
         decoder.generate_autoregressive(prompts[0], **warm)
 
     accepted, spec_tokens, spec_time, ar_tokens, ar_time = [], 0, 0.0, 0, 0.0
+    draft_time = verify_time = 0.0
     for i, (text, ids) in enumerate(zip(DEMO_PROMPTS, prompts)):
         print(f"[{i + 1}/{len(prompts)}] {text}", file=out)
         run_kwargs = dict(sampling=sampling, max_new_tokens=args.max_new_tokens, stop_token_ids=stops,
@@ -67,6 +68,8 @@ def run(args) -> int:
         result = decoder.generate(ids, **run_kwargs, on_tokens=stream)
         cycles = [c.num_accepted for c in result.cycles]
         accepted += cycles
+        draft_time += sum(c.draft_time for c in result.cycles)
+        verify_time += sum(c.verify_time for c in result.cycles)
         spec_tokens += len(result.token_ids)
         spec_time += result.wall_time
         line = f"\n    -> {rate(len(result.token_ids), result.wall_time)}"
@@ -87,4 +90,17 @@ def run(args) -> int:
     if not args.no_compare:
         print(f"target alone:         {rate(ar_tokens, ar_time)}\n"
               f"speed-up: {speedup_ratio(ar_tokens, ar_time, spec_tokens, spec_time):.2f}x", file=out)
+        if accepted:
+            print(cycle_cost_line(len(accepted), committed_length(accepted), draft_time, verify_time,
+                                  ar_time / ar_tokens), file=out)
     return 0
+
+
+def cycle_cost_line(cycles: int, committed: float, draft_time: float, verify_time: float, step_time: float) -> str:
+    """Why the speed-up is what it is: a cycle's cost in target-only steps against the tokens
+    it commits (their ratio is about the speed-up, less the prefill and loop overhead)."""
+    draft, verify = draft_time / cycles / step_time, verify_time / cycles / step_time
+    return (f"a cycle costs {draft + verify:.2f} target-only steps (draft {draft:.2f} + verify {verify:.2f}) and "
+            f"commits {committed:.2f} tokens: {committed:.2f} / {draft + verify:.2f} = "
+            f"{committed / (draft + verify):.2f}x before overheads; speculative sampling pays once the drafter "
+            f"commits more tokens per cycle than a cycle costs")
