@@ -116,12 +116,17 @@ class TargetAdapter:
         return self.model.config.vocab_size
 
 
-def sample_from_logits(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
+def sample_from_logits(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator,
+                       on_probs: Optional[Callable[[torch.Tensor, int], None]] = None) -> int:
     """One token from the filtered target distribution of a [V] logit row (inverse CDF on a
-    uniform from `generator`, the same rule the verifier uses for its final token)."""
+    uniform from `generator`, the same rule the verifier uses for its final token);
+    `on_probs(probs, token)` sees the float64 distribution the token was drawn from."""
     probs = reference.filter_target_probs(logits.float().cpu(), **sampling.kwargs())
     u = torch.rand(1, generator=generator, dtype=torch.float64)
-    return int(reference.inverse_cdf_sample(probs[None], u)[0])
+    token = int(reference.inverse_cdf_sample(probs[None], u)[0])
+    if on_probs:
+        on_probs(probs, token)
+    return token
 
 
 def prompt_tensor(input_ids, max_new_tokens: int, device) -> torch.Tensor:
@@ -247,9 +252,10 @@ class SpeculativeDecoder:
 @torch.inference_mode()
 def sample_autoregressive(target: TargetAdapter, input_ids, sampling: Optional[SamplingParams] = None,
                           max_new_tokens: int = 256, stop_token_ids: Optional[Sequence[int]] = None, seed: int = 0,
-                          on_tokens: Optional[Callable[[List[int]], None]] = None) -> GenerationOutput:
+                          on_tokens: Optional[Callable[[List[int]], None]] = None,
+                          on_probs: Optional[Callable[[torch.Tensor, int], None]] = None) -> GenerationOutput:
     """Sampling from the target alone, one token per pass, with the speculative path's filter and
-    inverse-CDF rule."""
+    inverse-CDF rule; `on_probs(probs, token)` sees each token's filtered distribution."""
     sampling = sampling or SamplingParams()
     ids = prompt_tensor(input_ids, max_new_tokens, target.device)
     stops = set(stop_token_ids or ())
@@ -259,7 +265,7 @@ def sample_autoregressive(target: TargetAdapter, input_ids, sampling: Optional[S
     logits, _ = target.forward(ids, cache, hidden_states=False, last_logits_only=True)
     generated = []
     while True:
-        token = sample_from_logits(logits[0, -1], sampling, generator)
+        token = sample_from_logits(logits[0, -1], sampling, generator, on_probs)
         generated.append(token)
         if on_tokens:
             on_tokens([token])

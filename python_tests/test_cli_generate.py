@@ -115,12 +115,3 @@ def test_the_installed_console_script_runs(model_dirs):
                           capture_output=True, text=True, timeout=300, cwd="/")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["new_tokens"] <= 8
-
-
-def test_demo_cycle_cost_line_explains_the_speedup():
-    from dblast_ext.cli.demo import cycle_cost_line
-
-    # 10 cycles of 0.1 s drafting + 0.3 s verifying against 0.1 s target-only steps: 4 steps per cycle
-    line = cycle_cost_line(10, 2.0, 1.0, 3.0, 0.1)
-    assert "costs 4.00 target-only steps (draft 1.00 + verify 3.00)" in line
-    assert "commits 2.00 tokens: 2.00 / 4.00 = 0.50x" in line

@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from dblast_ext.cli.demo import cycle_cost_line
 from dblast_ext.cli.display import committed_length
 from dblast_ext.embedded_drafters import EMBEDDED_DRAFTERS, embedded_drafter_dir, resolve_drafter
 
@@ -109,3 +110,10 @@ def test_dblast_demo_runs_within_minutes(tmp_path):
     out = done.stdout
     assert out.count("committed length") >= 4 and "ceiling (all accepted)" in out
     assert "speed-up:" in out and "[4/4]" in out and "a cycle costs" in out
+
+
+def test_demo_cycle_cost_line_explains_the_speedup():
+    # 10 cycles of 0.1 s drafting + 0.3 s verifying against 0.1 s target-only steps: 4 steps per cycle
+    line = cycle_cost_line(10, 2.0, 1.0, 3.0, 0.1)
+    assert "costs 4.00 target-only steps (draft 1.00 + verify 3.00)" in line
+    assert "commits 2.00 tokens: 2.00 / 4.00 = 0.50x" in line

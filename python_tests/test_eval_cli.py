@@ -183,11 +183,22 @@ def test_diagnose_oracle_reads_cycles_off_target_responses(setup, capsys, temper
         assert result["datasets"][name]["tau"] == pytest.approx(
             summarize([r for r in records if r["dataset"] == name], eos_only=False)["tau"])
         assert (out / f"histogram_{name}.png").read_bytes().startswith(PNG)
-    assert "oracle drafter" in (out / "oracle.md").read_text().lower()
+    assert "top-token oracle" in (out / "oracle.md").read_text().lower()
     # resumed: nothing is generated again, the same table comes out
     first = (out / "oracle.md").read_text()
     assert main(argv) == 0 and (out / "oracle.md").read_text() == first
     assert len(read_records(str(out / "records.jsonl"))) == 7
+
+
+def test_diagnose_oracle_reports_datasets_it_cannot_summarise(setup, capsys):
+    root, target, _, files = setup
+    out = root / "oracle-one-token"
+    # one-token responses: no cycle anywhere, and EOS-only statistics have nothing to count
+    assert main(["diagnose", "oracle", "--target", target, "--datasets", f"{files['alpha']},{files['beta']}",
+                 "--max-new-tokens", "1", "--no-progress", "--out", str(out)]) == 0
+    table = (out / "oracle.md").read_text()
+    assert table.count("not summarised") == 2
+    assert set(json.loads((out / "oracle.json").read_text())["skipped"]) == {"alpha", "beta"}
 
 
 def test_diagnose_oracle_rejects_a_bad_block_size(setup, capsys):

@@ -191,15 +191,17 @@ void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
 
 // Calls f(std::integral_constant<int, D>{}) for the D of kCudaHeadDims equal to `dim`: one
 // kernel instantiation per supported head dim (D/4 accumulators per thread), none elsewhere.
+// Returns whether one matched.
 template <typename F, size_t... I>
-void for_cuda_head_dim(int64_t dim, F&& f, std::index_sequence<I...>) {
-  ((dim == kCudaHeadDims[I] ? (f(std::integral_constant<int, static_cast<int>(kCudaHeadDims[I])>{}), true) : false) ||
-   ...);
+bool for_cuda_head_dim(int64_t dim, F&& f, std::index_sequence<I...>) {
+  return ((dim == kCudaHeadDims[I] ? (f(std::integral_constant<int, static_cast<int>(kCudaHeadDims[I])>{}), true)
+                                   : false) ||
+          ...);
 }
 
 template <typename F>
-void for_cuda_head_dim(int64_t dim, F&& f) {
-  for_cuda_head_dim(dim, std::forward<F>(f), std::make_index_sequence<kCudaHeadDims.size()>{});
+bool for_cuda_head_dim(int64_t dim, F&& f) {
+  return for_cuda_head_dim(dim, std::forward<F>(f), std::make_index_sequence<kCudaHeadDims.size()>{});
 }
 
 at::Tensor drafter_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -234,9 +236,10 @@ at::Tensor drafter_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache
                      lens.data_ptr<int32_t>(), partial_out.data_ptr<float>(), partial_max.data_ptr<float>(),
                      partial_sum.data_ptr<float>()};
   DBLAST_DISPATCH_LOGITS(q.scalar_type(), "drafter_attention_cuda", [&] {
-    for_cuda_head_dim(dim, [&](auto head_dim) {
+    const bool launched = for_cuda_head_dim(dim, [&](auto head_dim) {
       launch<scalar_t, decltype(head_dim)::value>(qc, kc, vc, kb, vb, args, rows, query_tiles, out, stream);
     });
+    TORCH_INTERNAL_ASSERT(launched, "check_cuda_head_dim let through head dim ", dim);
   });
   return out;
 }

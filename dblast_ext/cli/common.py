@@ -4,10 +4,18 @@ from ..drafter_io import checkpoint_files, load_drafter
 from ..target_loading import check_target_path, default_device, load_target, resolve_dtype
 
 
-def add_model_args(p) -> None:
+def add_target_args(p) -> None:
+    """--target and how it runs (--device, --dtype), and --seed."""
     p.add_argument("--target", default="default",
                    help="local directory of a transformers causal LM (+ tokenizer); 'default' (the default) is the "
                         "embedded SmolLM2-135M-Instruct")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def add_model_args(p) -> None:
+    add_target_args(p)
     p.add_argument("--drafter", required=True,
                    help="local directory of a DFlash or DBLast drafter checkpoint, or an embedded drafter for the "
                         "default target: dblast-k4 or dflash-k1")
@@ -16,10 +24,7 @@ def add_model_args(p) -> None:
                         "machinery; a DBLast checkpoint brings its own)")
     p.add_argument("--block-size", type=int, default=None,
                    help="run the drafter at another block size than it was trained for (naive expansion)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
     p.add_argument("--no-kernels", action="store_true", help="run the reference ops instead of the compiled kernels")
-    p.add_argument("--seed", type=int, default=0)
 
 
 def add_sampling_args(p, temperature: float = 1.0) -> None:
@@ -38,6 +43,11 @@ def check_sampling_args(args) -> None:
         raise ValueError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
 
 
+def check_target_args(args) -> None:
+    resolve_dtype(args.dtype, args.device or default_device())
+    check_target_path(args.target)
+
+
 def check_args(args) -> None:
     """Cheap checks before any model loads, each naming its flag."""
     check_sampling_args(args)
@@ -45,8 +55,7 @@ def check_args(args) -> None:
         raise ValueError(f"--branches must be >= 1, got {args.branches}")
     if args.block_size is not None and args.block_size < 2:
         raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
-    resolve_dtype(args.dtype, args.device or default_device())
-    check_target_path(args.target)
+    check_target_args(args)
     checkpoint_files(args.drafter)
 
 

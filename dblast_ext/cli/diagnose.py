@@ -9,8 +9,8 @@
                              responses, binned by target-block early determinism (DBLast
                              Eq 22-24, Figure 1)
   oracle                     the committed length of a drafter that always drafts the
-                             target's most likely token: how far one-branch greedy drafting
-                             can go on this target and filter, no drafter needed
+                             target's most likely token: a drafter-free reference point for
+                             one-branch greedy drafting on this target and filter
 """
 import argparse
 import json
@@ -26,10 +26,11 @@ from ..eval.determinism import bin_by_determinism, early_determinism
 from ..eval.metrics import expansion_decomposition, summarize
 from ..eval.oracle import oracle_records
 from ..eval.records import read_run_records
-from ..eval.report import plot_histogram, slug
+from ..eval.report import PLOTS_SKIPPED, plot_histograms, summarize_run
 from ..eval.runner import response_seed
-from ..target_loading import check_target_path, default_device, encode_messages, load_target, stop_token_ids
-from .common import add_model_args, add_sampling_args, check_args, check_sampling_args, load_decoder, sampling_of
+from ..target_loading import default_device, encode_messages, load_target, stop_token_ids
+from .common import (add_model_args, add_sampling_args, add_target_args, check_args, check_sampling_args,
+                     check_target_args, load_decoder, sampling_of)
 from .display import acceptance_histogram
 from .evaluate import add_eval_args, generate_records, load_all_prompts, model_name
 
@@ -53,14 +54,9 @@ def add_parser(subparsers) -> None:
     d.add_argument("--category-temperature", type=float, default=1.0)
     d.add_argument("--truncations", type=int, default=200, help="truncation points sampled over the responses")
     d.add_argument("--samples", type=int, default=20, help="M, target blocks sampled per truncation point")
-    o = kinds.add_parser("oracle", help="committed length of an always-the-top-token drafter (a ceiling)")
-    o.add_argument("--target", default="default",
-                   help="local directory of a transformers causal LM (+ tokenizer); 'default' is the embedded "
-                        "SmolLM2-135M-Instruct")
+    o = kinds.add_parser("oracle", help="committed length of an always-the-top-token drafter (no drafter needed)")
+    add_target_args(o)
     o.add_argument("--block-size", type=int, default=16, help="b: the oracle drafts b - 1 tokens per cycle (16)")
-    o.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    o.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
-    o.add_argument("--seed", type=int, default=0)
     add_sampling_args(o)
     o.add_argument("--datasets", default="gsm8k,mtbench,humaneval,math500",
                    help="comma-separated: gsm8k, math500, humaneval, mtbench, or .jsonl paths (first turns)")
@@ -188,43 +184,43 @@ def run_oracle(args) -> int:
     check_sampling_args(args)
     if args.block_size < 2:
         raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
-    check_target_path(args.target)
+    check_target_args(args)
     prompts = load_all_prompts(args)
     os.makedirs(args.out, exist_ok=True)
-    device = args.device or default_device()
-    model, tokenizer = load_target(args.target, device=device, dtype=args.dtype)
-    sampling = sampling_of(args)
+    model, tokenizer = load_target(args.target, device=args.device or default_device(), dtype=args.dtype)
     settings = {"target": model_name(args.target), "oracle": "top token", "temperature": args.temperature,
                 "top_p": args.top_p, "top_k": args.top_k, "block_size": args.block_size,
                 "max_new_tokens": args.max_new_tokens, "seed": args.seed}
     records = oracle_records(TargetAdapter(model, []), tokenizer, prompts, os.path.join(args.out, "records.jsonl"),
-                             sampling=sampling, block_size=args.block_size, max_new_tokens=args.max_new_tokens,
-                             seed=args.seed, stop_token_ids=stop_token_ids(model, tokenizer), settings=settings,
+                             sampling=sampling_of(args), block_size=args.block_size,
+                             max_new_tokens=args.max_new_tokens, seed=args.seed,
+                             stop_token_ids=stop_token_ids(model, tokenizer), settings=settings,
                              progress=not args.no_progress)
-    summaries = {}
-    for name in sorted({r["dataset"] for r in records}):
-        kept = [r for r in records if r["dataset"] == name]
-        summaries[name] = summarize(kept, eos_only=not args.all_responses)
-        used = [r for r in kept if r["eos_terminated"] or args.all_responses]
+    result = summarize_run(records, eos_only=not args.all_responses)
+    for name, s in result["datasets"].items():
+        # token-pooled over the responses the statistics use (tau is a prompt mean)
+        used = [r for r in records if r["dataset"] == name and (r["eos_terminated"] or args.all_responses)]
         probabilities = [p for r in used for p in r["top_probability"]]
-        summaries[name]["top_probability"] = sum(probabilities) / len(probabilities) if probabilities else None
+        s["top_probability"] = sum(probabilities) / len(probabilities) if probabilities else None
     try:
-        for name, s in summaries.items():
-            plot_histogram(os.path.join(args.out, f"histogram_{slug(name)}.png"), s["histogram"],
-                           f"{name}: oracle drafter, T = {args.temperature}")
+        plot_histograms(args.out, result["datasets"], ", top-token oracle")
     except ImportError:
-        print("matplotlib is not installed: histogram plots skipped (pip install matplotlib)", file=sys.stderr)
+        print(PLOTS_SKIPPED, file=sys.stderr)
     with open(os.path.join(args.out, "oracle.json"), "w") as f:
-        json.dump({"settings": settings, "datasets": summaries}, f, indent=2)
-    lines = [f"Oracle drafter (always the target's most likely token), block {args.block_size}, temperature "
-             f"{args.temperature}, top-p {args.top_p}, top-k {args.top_k}:", "",
-             "| dataset | tau [95% CI] | cycle mean | ceiling | mean top-token probability | prompts (EOS / responses) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for name, s in summaries.items():
+        json.dump(dict(result, settings=settings), f, indent=2)
+    lines = [f"Top-token oracle (a drafter that always drafts the target's most likely token), block "
+             f"{args.block_size}, temperature {args.temperature}, top-p {args.top_p}, top-k {args.top_k}; "
+             "first turns; the top-token probability is pooled over tokens.", "",
+             "| dataset | tau [95% CI] | cycle mean | first draft accepted | ceiling | mean top-token probability | "
+             "prompts (EOS / responses) |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, s in result["datasets"].items():
         top = "-" if s["top_probability"] is None else f"{s['top_probability']:.3f}"
+        first = 1 - s["histogram"][0] / s["n_cycles"]
         lines.append(f"| {name} | {s['tau']:.2f} [{s['tau_ci'][0]:.2f}, {s['tau_ci'][1]:.2f}] | {s['cycle_mean']:.2f} | "
-                     f"{100 * s['ceiling_fraction']:.1f}% | {top} | {s['n_prompts']} "
+                     f"{100 * first:.1f}% | {100 * s['ceiling_fraction']:.1f}% | {top} | {s['n_prompts']} "
                      f"({s['n_eos_terminated']} / {s['n_responses']}) |")
+    for name, reason in result["skipped"].items():
+        lines.append(f"| {name} | not summarised: {reason} | | | | | |")
     table = "\n".join(lines)
     with open(os.path.join(args.out, "oracle.md"), "w") as f:
         f.write(table + "\n")

@@ -5,7 +5,7 @@ Fields: `prompt_id`, `dataset`, `turn`, `accepted` (n per cycle, 0..b), `expecte
 `wall_time`, `ar_wall_time` / `ar_new_tokens` when the target-only run was measured, the
 response `text`, and `settings` (the run's flags)."""
 import os
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional
 
 from ..decoding import GenerationOutput
 from ..jsonl import append_jsonl, read_jsonl
@@ -36,3 +36,15 @@ def read_records(path: str) -> List[dict]:
 def read_run_records(path: str) -> List[dict]:
     """The records of a `dblast eval` output directory, or of a records file given directly."""
     return read_records(os.path.join(path, "records.jsonl") if os.path.isdir(path) else path)
+
+
+def read_done_records(path: str, settings: dict, key: Callable[[dict], tuple]) -> Dict[tuple, dict]:
+    """The records a resumed run already made, by `key`; refuses a file made with other settings."""
+    done = {}
+    if os.path.isfile(path):
+        for r in read_records(path):
+            if r.get("settings") != settings:
+                raise ValueError(f"{path} holds records made with other settings ({r.get('settings')}); "
+                                 f"use another output directory or delete it (this run: {settings})")
+            done[key(r)] = r
+    return done

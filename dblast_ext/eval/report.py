@@ -121,12 +121,20 @@ def write_report(out_dir: str, records: Sequence[dict], settings: dict, *, eos_o
         f.write(markdown_report(summary, settings, title))
     plots_skipped: Optional[str] = None
     try:
-        for name, s in summary["datasets"].items():
-            plot_histogram(os.path.join(out_dir, f"histogram_{slug(name)}.png"), s["histogram"],
-                           f"{name}: ceiling {100 * s['ceiling_fraction']:.1f}%, tau {s['tau']:.2f}")
+        plot_histograms(out_dir, summary["datasets"])
         if summary["datasets"]:
             plot_committed_length(os.path.join(out_dir, "committed_length.png"), summary["datasets"])
     except ImportError:
-        plots_skipped = "matplotlib is not installed: plots skipped (pip install matplotlib)"
+        plots_skipped = PLOTS_SKIPPED
     summary["plots_skipped"] = plots_skipped
     return summary
+
+
+PLOTS_SKIPPED = "matplotlib is not installed: plots skipped (pip install matplotlib)"
+
+
+def plot_histograms(out_dir: str, summaries: Dict[str, Dict], label: str = "") -> None:
+    """histogram_<dataset>.png per summarised dataset (ImportError without matplotlib)."""
+    for name, s in summaries.items():
+        plot_histogram(os.path.join(out_dir, f"histogram_{slug(name)}.png"), s["histogram"],
+                       f"{name}{label}: ceiling {100 * s['ceiling_fraction']:.1f}%, tau {s['tau']:.2f}")

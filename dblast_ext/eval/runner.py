@@ -2,7 +2,6 @@
 resumably: responses already in the records file are skipped, so a killed run continues
 where it stopped. Every response has its own seed (from the run seed and the response's
 key), so a resumed run produces what an uninterrupted one would."""
-import os
 import zlib
 from typing import Callable, List, Optional
 
@@ -10,7 +9,7 @@ from ..decoding import SamplingParams, SpeculativeDecoder
 from ..progress import progress_bar
 from ..target_loading import encode_messages, stop_token_ids
 from .datasets import Prompt, chat_messages
-from .records import append_record, make_record, read_records
+from .records import append_record, make_record, read_done_records
 
 
 def response_seed(seed: int, dataset: str, prompt_id: str, turn: int) -> int:
@@ -23,13 +22,7 @@ def run_prompts(decoder: SpeculativeDecoder, tokenizer, prompts: List[Prompt], r
                 on_record: Optional[Callable[[dict], None]] = None) -> List[dict]:
     """Generates every turn of every prompt (multi-turn prompts see their own earlier answers)
     and appends the records to `records_path`; returns all records of the prompts given."""
-    done = {}
-    if os.path.isfile(records_path):
-        for r in read_records(records_path):
-            if r.get("settings") != settings:
-                raise ValueError(f"{records_path} holds records made with other settings ({r.get('settings')}); "
-                                 f"use another output directory or delete it (this run: {settings})")
-            done[(r["dataset"], r["prompt_id"], r["turn"])] = r
+    done = read_done_records(records_path, settings, lambda r: (r["dataset"], r["prompt_id"], r["turn"]))
     stops = stop_token_ids(decoder.target.model, tokenizer)
     total = sum(len(p.turns) for p in prompts)
     bar = progress_bar(total, desc="responses", unit="resp", enabled=progress)

@@ -7,9 +7,9 @@
 # Phases (PHASES, default all, in this order; each resumable, rerun to continue):
 #   accept   acceptance statistics, WORKERS processes of one thread each (these statistics do
 #            not depend on timing, so the runs share the cores)
-#   oracle   the committed length of an oracle drafter that always drafts the target's most
-#            likely token (`dblast diagnose oracle`), at temperatures 0.7, 1.0, 1.5 on the first
-#            ORACLE_PROMPTS prompts of each dataset: how far one-branch drafting could go here
+#   oracle   the committed length of a drafter that always drafts the target's most likely
+#            token (`dblast diagnose oracle`), at temperatures 0.7, 1.0, 1.5 on the first
+#            ORACLE_PROMPTS prompts of each dataset: a drafter-free reference for the arms
 #   speed    speed-up over target-only sampling: one process at a time with every core, on
 #            the first SPEED_PROMPTS prompts of each dataset (the same prompts and seeds)
 #   blocks   speed-up on GSM8K at temperature 0.7 with shorter inference blocks (16, 8, 4): on a
@@ -41,10 +41,11 @@ one_run() {  # one_run ARM T: the acceptance run of one arm at one temperature
     --out "$OUT/accept/$arm-T$t" > "$OUT/accept-$arm-T$t.log" 2>&1 \
     && echo "done $arm T=$t ($(date -u +%T))" || { echo "FAILED $arm T=$t: see $OUT/accept-$arm-T$t.log"; return 1; }
 }
-one_oracle() {  # one_oracle T: the oracle drafter at one temperature (acceptance only, so runs share the cores)
-  OMP_NUM_THREADS=1 dblast diagnose oracle --datasets "$DATASETS" --num-prompts "$ORACLE_PROMPTS" $(sampling "$1") \
-    --max-new-tokens "$MAX_NEW_TOKENS" --no-progress --out "$OUT/oracle/T$1" > "$OUT/oracle-T$1.log" 2>&1 \
-    && echo "done oracle T=$1 ($(date -u +%T))" || { echo "FAILED oracle T=$1: see $OUT/oracle-T$1.log"; return 1; }
+one_oracle() {  # one_oracle T: the top-token oracle at one temperature (no timings, so runs share the cores)
+  local t=$1
+  OMP_NUM_THREADS=1 dblast diagnose oracle --datasets "$DATASETS" --num-prompts "$ORACLE_PROMPTS" $(sampling "$t") \
+    --max-new-tokens "$MAX_NEW_TOKENS" --no-progress --out "$OUT/oracle/T$t" > "$OUT/oracle-T$t.log" 2>&1 \
+    && echo "done oracle T=$t ($(date -u +%T))" || { echo "FAILED oracle T=$t: see $OUT/oracle-T$t.log"; return 1; }
 }
 export -f one_run one_oracle sampling
 export OUT PROMPTS ORACLE_PROMPTS DATASETS GRID MAX_NEW_TOKENS

@@ -21,7 +21,7 @@ void check_context_lens(const at::Tensor& context_lens, int64_t max_len);
 
 // The head dims the CUDA kernel is instantiated for: csrc/cuda/drafter_attention.cu makes one
 // instantiation per entry, and the error message lists them.
-constexpr std::array<int64_t, 6> kCudaHeadDims{16, 32, 64, 96, 128, 256};
+inline constexpr auto kCudaHeadDims = std::to_array<int64_t>({16, 32, 64, 96, 128, 256});
 void check_cuda_head_dim(const at::Tensor& q);
 
 }  // namespace dblast
