@@ -3,12 +3,16 @@ each run's report.md, summary.json, calibration and plots, the top-token-oracle 
 diagnostics, and results.md with the tables the README shows.
 
     python recipes/smollm2/collect.py --runs runs/smollm2-eval --out results/smollm2
+    python recipes/smollm2/collect.py --runs runs/smollm2-eval --out /tmp/now --partial   # while it runs
 """
 import argparse
 import glob
 import json
 import os
 import shutil
+
+from dblast_ext.eval.records import read_records
+from dblast_ext.eval.report import summarize_run
 
 ARMS = ("dflash-k1", "dblast-k4")
 TEMPERATURES = ("0", "0.7", "1.0", "1.5")
@@ -60,6 +64,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--partial", action="store_true",
+                        help="also tabulate acceptance runs still in progress, from their records so far (marked "
+                             "'partial'; their reports are not copied)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     main_rows, detail_rows = [], []
@@ -68,9 +75,13 @@ def main() -> None:
             accept_dir = os.path.join(args.runs, "accept", f"{arm}-T{t}")
             speed_dir = os.path.join(args.runs, "speed", f"{arm}-T{t}")
             accept, speed = load(os.path.join(accept_dir, "summary.json")), load(os.path.join(speed_dir, "summary.json"))
-            if accept is None:
+            partial = accept is None and args.partial and os.path.exists(os.path.join(accept_dir, "records.jsonl"))
+            if partial:
+                accept = summarize_run(read_records(os.path.join(accept_dir, "records.jsonl")))
+            elif accept is None:
                 continue
-            copy_run(accept_dir, os.path.join(args.out, f"{arm}-T{t}"), args.runs)
+            else:
+                copy_run(accept_dir, os.path.join(args.out, f"{arm}-T{t}"), args.runs)
             if speed is not None:
                 copy_run(speed_dir, os.path.join(args.out, f"{arm}-T{t}-speed"), args.runs)
             calibration = load(os.path.join(accept_dir, "calibration", "calibration.json"))
@@ -78,8 +89,9 @@ def main() -> None:
             per = accept["datasets"]
             speedups = {d: speed["datasets"].get(d, {}).get("speedup") for d in DATASETS} if speed else {}
             ceiling = [per[d]["ceiling_fraction"] for d in DATASETS if d in per]
+            label = f"{arm} (partial)" if partial else arm
             main_rows.append(
-                f"| {t} ({FILTERS[t]}) | {arm} | {zt} | " + " | ".join(tau_cell(per.get(d)) for d in DATASETS)
+                f"| {t} ({FILTERS[t]}) | {label} | {zt} | " + " | ".join(tau_cell(per.get(d)) for d in DATASETS)
                 + f" | {fmt(accept['macro']['expected_accepted'])} | "
                 + (f"{100 * sum(ceiling) / len(ceiling):.1f}% | " if ceiling else "- | ")
                 + fmt(speedups.get("gsm8k")) + ("x" if speedups.get("gsm8k") else "")
@@ -89,7 +101,7 @@ def main() -> None:
                 if s is None:
                     continue
                 detail_rows.append(
-                    f"| {t} | {arm} | {d} | {tau_cell(s)} | {s['cycle_mean']:.2f} [{s['cycle_mean_ci'][0]:.2f}, "
+                    f"| {t} | {label} | {d} | {tau_cell(s)} | {s['cycle_mean']:.2f} [{s['cycle_mean_ci'][0]:.2f}, "
                     f"{s['cycle_mean_ci'][1]:.2f}] | {100 * first_draft_accepted(s):.1f}% | "
                     f"{100 * s['ceiling_fraction']:.1f}% | {fmt(s['expected_accepted'])} | {fmt(speedups.get(d))}{'x' if speedups.get(d) else ''} | {s['n_prompts']} | "
                     f"{s['n_eos_terminated']}/{s['n_responses']} | {s['n_cycles']} |")
@@ -125,7 +137,7 @@ def main() -> None:
                            + f" | {fmt(sum(top) / len(top) if top else None, 3)} | "
                            + str(sum(per[d]["n_prompts"] for d in DATASETS if d in per)) + " |")
     oracle_header = ("Each cell: tau [95% CI] (the share of cycles whose first draft is accepted).\n\n"
-                     "| temperature | GSM8K | MT-Bench | HumanEval | MATH-500 | mean top-token probability | prompts |\n"
+                     "| temperature | GSM8K | MT-Bench | HumanEval | MATH-500 | mean top-token probability | prompts ended with EOS |\n"
                      "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     determinism = os.path.join(args.runs, "determinism")
     if os.path.isdir(determinism):
