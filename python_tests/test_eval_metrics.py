@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dblast_ext.eval.metrics import expansion_decomposition, holm, paired_delta_tau, spearman, summarize
+from dblast_ext.eval.metrics import (expansion_decomposition, first_draft_accepted, holm, paired_delta_tau, spearman,
+                                     summarize)
 
 
 def record(prompt_id, accepted, *, eos=True, block=16, dataset="d", expected=None, **extra):
@@ -172,3 +173,8 @@ def test_expansion_decomposition_g_minus_l_is_the_change_in_mean_n():
 def test_bad_runs_fail_clearly(records, message):
     with pytest.raises(ValueError, match=message):
         summarize(records)
+
+
+def test_first_draft_accepted_is_the_share_of_cycles_with_a_draft_accepted():
+    s = summarize([record("a", [0, 2, 0, 5]), record("b", [1, 0, 15, 0])])
+    assert first_draft_accepted(s) == pytest.approx(4 / 8)

@@ -23,7 +23,7 @@ import torch
 from ..decoding import TargetAdapter
 from ..eval.datasets import chat_messages
 from ..eval.determinism import bin_by_determinism, early_determinism
-from ..eval.metrics import expansion_decomposition, summarize
+from ..eval.metrics import expansion_decomposition, first_draft_accepted, summarize
 from ..eval.oracle import oracle_records
 from ..eval.records import read_run_records
 from ..eval.report import PLOTS_SKIPPED, plot_histograms, summarize_run
@@ -215,9 +215,8 @@ def run_oracle(args) -> int:
              "prompts (EOS / responses) |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, s in result["datasets"].items():
         top = "-" if s["top_probability"] is None else f"{s['top_probability']:.3f}"
-        first = 1 - s["histogram"][0] / s["n_cycles"]
         lines.append(f"| {name} | {s['tau']:.2f} [{s['tau_ci'][0]:.2f}, {s['tau_ci'][1]:.2f}] | {s['cycle_mean']:.2f} | "
-                     f"{100 * first:.1f}% | {100 * s['ceiling_fraction']:.1f}% | {top} | {s['n_prompts']} "
+                     f"{100 * first_draft_accepted(s):.1f}% | {100 * s['ceiling_fraction']:.1f}% | {top} | {s['n_prompts']} "
                      f"({s['n_eos_terminated']} / {s['n_responses']}) |")
     for name, reason in result["skipped"].items():
         lines.append(f"| {name} | not summarised: {reason} | | | | | |")

@@ -103,6 +103,11 @@ def summarize(records: Sequence[dict], *, eos_only: bool = True, n_boot: int = 2
     return out
 
 
+def first_draft_accepted(summary: Dict) -> float:
+    """P(n >= 1) of a summary: the share of cycles whose first draft was accepted."""
+    return 1 - summary["histogram"][0] / summary["n_cycles"]
+
+
 def speedup_ratio(ar_tokens: int, ar_seconds: float, spec_tokens: int, spec_seconds: float) -> float:
     """Target-only time per token over speculative time per token."""
     return (ar_seconds / ar_tokens) / (spec_seconds / spec_tokens)

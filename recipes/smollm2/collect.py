@@ -11,7 +11,8 @@ import json
 import os
 import shutil
 
-from dblast_ext.eval.records import read_records
+from dblast_ext.eval.metrics import first_draft_accepted
+from dblast_ext.eval.records import read_run_records
 from dblast_ext.eval.report import summarize_run
 
 ARMS = ("dflash-k1", "dblast-k4")
@@ -35,11 +36,6 @@ def tau_cell(s):
     if s is None:
         return "-"
     return f"{s['tau']:.2f} [{s['tau_ci'][0]:.2f}, {s['tau_ci'][1]:.2f}]"
-
-
-def first_draft_accepted(summary):
-    """P(n >= 1): the share of cycles whose first draft was accepted."""
-    return 1 - summary["histogram"][0] / summary["n_cycles"]
 
 
 def copy_run(src, dst, runs_root):
@@ -77,7 +73,7 @@ def main() -> None:
             accept, speed = load(os.path.join(accept_dir, "summary.json")), load(os.path.join(speed_dir, "summary.json"))
             partial = accept is None and args.partial and os.path.exists(os.path.join(accept_dir, "records.jsonl"))
             if partial:
-                accept = summarize_run(read_records(os.path.join(accept_dir, "records.jsonl")))
+                accept = summarize_run(read_run_records(accept_dir))
             elif accept is None:
                 continue
             else:
