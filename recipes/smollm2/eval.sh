@@ -34,20 +34,24 @@ sampling() {  # the filter of each temperature setting
   esac
 }
 
+logged() {  # logged NAME LOG COMMAND...: COMMAND on one thread, output to LOG; says done or FAILED
+  local name=$1 log=$2
+  shift 2
+  OMP_NUM_THREADS=1 "$@" > "$log" 2>&1 && echo "done $name ($(date -u +%T))" || { echo "FAILED $name: see $log"; return 1; }
+}
 one_run() {  # one_run ARM T: the acceptance run of one arm at one temperature
   local arm=$1 t=$2
-  OMP_NUM_THREADS=1 dblast eval --drafter "$arm" --datasets "$DATASETS" --num-prompts "$PROMPTS" $(sampling "$t") \
-    --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature calibrate --grid "$GRID" --no-progress \
-    --out "$OUT/accept/$arm-T$t" > "$OUT/accept-$arm-T$t.log" 2>&1 \
-    && echo "done $arm T=$t ($(date -u +%T))" || { echo "FAILED $arm T=$t: see $OUT/accept-$arm-T$t.log"; return 1; }
+  logged "$arm T=$t" "$OUT/accept-$arm-T$t.log" dblast eval --drafter "$arm" --datasets "$DATASETS" \
+    --num-prompts "$PROMPTS" $(sampling "$t") --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature calibrate \
+    --grid "$GRID" --no-progress --out "$OUT/accept/$arm-T$t"
 }
 one_oracle() {  # one_oracle T: the top-token oracle at one temperature (no timings, so runs share the cores)
   local t=$1
-  OMP_NUM_THREADS=1 dblast diagnose oracle --datasets "$DATASETS" --num-prompts "$ORACLE_PROMPTS" $(sampling "$t") \
-    --max-new-tokens "$MAX_NEW_TOKENS" --no-progress --out "$OUT/oracle/T$t" > "$OUT/oracle-T$t.log" 2>&1 \
-    && echo "done oracle T=$t ($(date -u +%T))" || { echo "FAILED oracle T=$t: see $OUT/oracle-T$t.log"; return 1; }
+  logged "oracle T=$t" "$OUT/oracle-T$t.log" dblast diagnose oracle --datasets "$DATASETS" \
+    --num-prompts "$ORACLE_PROMPTS" $(sampling "$t") --max-new-tokens "$MAX_NEW_TOKENS" --no-progress \
+    --out "$OUT/oracle/T$t"
 }
-export -f one_run one_oracle sampling
+export -f logged one_run one_oracle sampling
 export OUT PROMPTS ORACLE_PROMPTS DATASETS GRID MAX_NEW_TOKENS
 
 for phase in $PHASES; do
