@@ -8,7 +8,7 @@ to the committed length; the accepted tokens' features are the next cycle's new 
 """
 import inspect
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -32,7 +32,8 @@ class SamplingParams:
 
 @dataclass
 class CycleRecord:
-    num_accepted: int          # accepted drafts n, 0..b (committed length n + 1)
+    num_accepted: int          # accepted drafts n, 0..b (committed length n + 1; a response's last
+                               # cycle counts only the tokens kept before its stop token or limit)
     expected_accepted: float   # sum_i prod_{j<=i} A_j of the verified draft
     branch: int
     prior: List[float]
@@ -184,6 +185,9 @@ class SpeculativeDecoder:
                 generated.append(token)
                 if token in stops or len(generated) >= max_new_tokens:
                     break
+            kept = len(generated) - before
+            if kept < len(emitted):  # cut at a stop token or the limit: the cycle committed `kept` tokens
+                cycles[-1] = replace(record, num_accepted=kept - 1)
             if on_tokens:
                 on_tokens(generated[before:])
             anchor = generated[-1]

@@ -6,6 +6,8 @@ an ordinary transformers model directory (config, float32 safetensors, tokenizer
 chat template) in a local cache, so every later load is a plain `from_pretrained`. The
 cache is `$DBLAST_MODEL_CACHE`, else `~/.cache/dblast_ext/models`.
 """
+import contextlib
+import fcntl
 import importlib.util
 import json
 import os
@@ -40,18 +42,44 @@ def _source_id(path: str) -> dict:
     return {"gguf": os.path.basename(path), "size": stat.st_size}
 
 
+def _is_current(out: str, source: str) -> bool:
+    marker = os.path.join(out, _MARKER)
+    if not os.path.isfile(marker):
+        return False
+    with open(marker) as f:
+        return json.load(f) == _source_id(source)
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: str):
+    """Holds an exclusive lock on `lock_path`: processes that start together (eval.sh's
+    workers on a fresh machine) dequantise once, the others wait and reuse the result."""
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def default_target_dir(cache_dir: Optional[str] = None) -> str:
     """A transformers directory of SmolLM2-135M-Instruct, made from the GGUF on first use."""
     source = gguf_path()
     out = os.path.join(cache_dir or cache_root(), NAME)
-    marker = os.path.join(out, _MARKER)
-    if os.path.isfile(marker):
-        with open(marker) as f:
-            if json.load(f) == _source_id(source):
-                return out
+    if _is_current(out, source):
+        return out
     for module in ("gguf", "accelerate"):  # transformers needs both to read a GGUF file
         if importlib.util.find_spec(module) is None:
             raise ImportError(f"dequantising the default target needs the package {module!r}: {INSTALL}")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with _exclusive(os.path.join(os.path.dirname(out), f".{NAME}.lock")):
+        if not _is_current(out, source):  # else made by another process while this one waited
+            _dequantise(source, out)
+    return out
+
+
+def _dequantise(source: str, out: str) -> None:
+    """Writes the transformers directory `out` from the GGUF file `source` (under the lock)."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -59,7 +87,6 @@ def default_target_dir(cache_dir: Optional[str] = None) -> str:
     folder, name = os.path.split(source)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{NAME}-", dir=os.path.dirname(out))
     try:
         tied = bool(getattr(model.config, "tie_word_embeddings", False))
@@ -74,13 +101,12 @@ def default_target_dir(cache_dir: Optional[str] = None) -> str:
         tokenizer.save_pretrained(staging)
         with open(os.path.join(staging, _MARKER), "w") as f:
             json.dump(_source_id(source), f)
-        if os.path.isdir(out):
+        if os.path.isdir(out):  # a stale copy (another GGUF): nobody reads it while the lock is held
             shutil.rmtree(out)
-        os.replace(staging, out)  # readers never see a half-written directory
+        os.replace(staging, out)  # the marker arrives with the complete directory
     finally:
         if os.path.isdir(staging):
             shutil.rmtree(staging)
-    return out
 
 
 def resolve_target(path: str) -> str:

@@ -96,6 +96,7 @@ def test_compare_ar_reports_a_speedup(capsys, model_dirs):
     ({"--max-new-tokens": "0"}, "--max-new-tokens"),
     ({"--prompt": ""}, "prompt is empty"),
     ({"--dtype": "int8"}, "dtype"),
+    ({"--category-temperature": "-1"}, "--category-temperature"),
 ])
 def test_bad_arguments_fail_with_one_clear_line(capsys, model_dirs, change, message):
     target, drafter = model_dirs

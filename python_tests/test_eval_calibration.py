@@ -38,3 +38,5 @@ def test_grid_parsing():
     assert parse_grid("1.0, 0.2,0") == [0.0, 0.2, 1.0]
     with pytest.raises(ValueError, match="--grid"):
         parse_grid("0.2,abc")
+    with pytest.raises(ValueError, match="--grid values are category temperatures, >= 0"):
+        parse_grid("0.5,-1")

@@ -109,11 +109,20 @@ def test_eval_refuses_records_of_a_retrained_drafter(setup, capsys):
     (["--num-prompts", "0"], "--num-prompts"),
     (["--category-temperature", "warm"], "--category-temperature"),
     (["--grid", "0,x"], "--grid"),
+    (["--grid=-1,0"], "--grid"),
 ])
 def test_bad_eval_arguments_fail_clearly(setup, capsys, change, message):
     assert main(["eval", *model_args(setup, "--out", str(setup[0] / "bad")), *change]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dblast eval: error:") and message in err
+
+
+def test_an_out_that_is_a_file_fails_clearly(setup, capsys):
+    taken = setup[0] / "taken.txt"
+    taken.write_text("not a directory")
+    assert main(["eval", *model_args(setup, "--out", str(taken))]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dblast eval: error:") and "taken.txt" in err and "Traceback" not in err
 
 
 def test_compare_pairs_prompts_and_rejects_other_prompt_sets(setup, capsys):
@@ -162,6 +171,20 @@ def test_diagnose_determinism_bins_truncation_points(setup):
     assert (out / "determinism.png").read_bytes().startswith(PNG)
 
 
+def test_diagnose_determinism_truncates_responses_before_their_stop_token(setup, monkeypatch):
+    import dblast_ext.cli.diagnose as diagnose
+    from dblast_ext.decoding import SpeculativeDecoder
+    stops = list(range(0, 1000, 2))  # even ids stop a response: most end within a few tokens
+    monkeypatch.setattr(diagnose, "stop_token_ids", lambda model, tokenizer: stops)
+    anchors, first_cycle = [], SpeculativeDecoder.first_cycle
+    monkeypatch.setattr(SpeculativeDecoder, "first_cycle",
+                        lambda self, prefix, *a, **k: anchors.append(prefix[-1]) or first_cycle(self, prefix, *a, **k))
+    out = setup[0] / "determinism-stops"
+    assert main(["diagnose", "determinism", *model_args(setup, "--out", str(out), "--truncations", "8",
+                                                        "--samples", "2", "--max-new-tokens", "40")]) == 0
+    assert len(anchors) == 8 and all(a % 2 == 1 for a in anchors)
+
+
 @pytest.mark.parametrize("temperature", ["0", "1.0"])
 def test_diagnose_oracle_reads_cycles_off_target_responses(setup, capsys, temperature):
     root, target, _, files = setup
@@ -173,8 +196,8 @@ def test_diagnose_oracle_reads_cycles_off_target_responses(setup, capsys, temper
     records = read_records(str(out / "records.jsonl"))
     assert len(records) == 4 + 3  # first turns only
     for r in records:
-        # every token after the first is an accepted draft or closes a cycle, except past the end
-        assert r["new_tokens"] - 1 <= sum(n + 1 for n in r["accepted"]) <= r["new_tokens"]
+        # every token after the first is an accepted draft or closes a cycle
+        assert sum(n + 1 for n in r["accepted"]) == r["new_tokens"] - 1
         assert len(r["top_probability"]) == r["new_tokens"] - 1
         if temperature == "0":  # greedy: every cycle but the last at the ceiling
             assert all(n == 3 for n in r["accepted"][:-1]) and set(r["top_probability"]) <= {1.0}

@@ -3,8 +3,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dblast_ext.eval.metrics import (expansion_decomposition, first_draft_accepted, holm, paired_delta_tau, spearman,
-                                     summarize)
+from dblast_ext.eval.metrics import (expansion_decomposition, first_draft_accepted, holm, macro_average,
+                                     paired_delta_tau, spearman, summarize)
+from dblast_ext.eval.records import append_record, clip_last_cycle, read_records
 
 
 def record(prompt_id, accepted, *, eos=True, block=16, dataset="d", expected=None, **extra):
@@ -178,3 +179,27 @@ def test_bad_runs_fail_clearly(records, message):
 def test_first_draft_accepted_is_the_share_of_cycles_with_a_draft_accepted():
     s = summarize([record("a", [0, 2, 0, 5]), record("b", [1, 0, 15, 0])])
     assert first_draft_accepted(s) == pytest.approx(4 / 8)
+
+
+def test_records_read_count_only_the_tokens_a_response_kept(tmp_path):
+    # the verifier accepted 5 drafts in the last cycle, the response kept 2 of its 6 tokens
+    cut = dict(record("p", [3, 5]), new_tokens=1 + 4 + 2)
+    path = str(tmp_path / "records.jsonl")
+    append_record(path, cut)
+    append_record(path, record("q", [3, 5]))  # not cut: unchanged
+    assert [r["accepted"] for r in read_records(path)] == [[3, 1], [3, 5]]
+    assert clip_last_cycle(clip_last_cycle(cut)) == clip_last_cycle(cut)
+    with pytest.raises(ValueError, match="more tokens than its 3 new tokens"):
+        clip_last_cycle(dict(record("p", [3, 5]), new_tokens=3))
+
+
+def test_macro_averages_need_every_dataset():
+    from dblast_ext.eval.report import summarize_run
+    both = [record("p", [2, 4], dataset="a"), record("q", [0, 1], dataset="b")]
+    result = summarize_run(both, n_boot=50)
+    assert result["macro"]["tau"] == pytest.approx(np.mean([4.0, 1.5]))
+    assert result["macro"]["speedup"] is None  # no dataset was timed
+    # b's only response ran to the cap: b is reported as skipped and the run has no macro-average
+    result = summarize_run([both[0], record("q", [0, 1], dataset="b", eos=False)], n_boot=50)
+    assert set(result["skipped"]) == {"b"} and result["macro"]["tau"] is None
+    assert macro_average({"a": {"speedup": 1.2}, "b": {"speedup": None}}, "speedup") is None

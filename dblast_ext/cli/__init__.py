@@ -22,7 +22,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return SUBCOMMANDS[args.command].run(args)
-    except (FileNotFoundError, ValueError, ImportError) as e:  # user errors: one clear line, no traceback
+    # user errors (missing files, bad values, an --out that is a file or not writable, a missing
+    # package): one clear line, no traceback
+    except (OSError, ValueError, ImportError) as e:
         print(f"dblast {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -55,6 +55,9 @@ def check_args(args) -> None:
         raise ValueError(f"--branches must be >= 1, got {args.branches}")
     if args.block_size is not None and args.block_size < 2:
         raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
+    z = getattr(args, "category_temperature", None)
+    if isinstance(z, float) and z < 0:  # `dblast eval` also takes "calibrate" and checks it itself
+        raise ValueError(f"--category-temperature must be >= 0, got {z}")
     check_target_args(args)
     checkpoint_files(args.drafter)
 

@@ -142,13 +142,20 @@ def run_determinism(args) -> int:
     decoder, tokenizer = load_decoder(args, args.category_temperature)
     sampling = sampling_of(args)
     num_draft = decoder.drafter.config.block_size - 1
-    # target responses to truncate: the target alone, first turn of each prompt
+    # target responses to truncate: the target alone, first turn of each prompt, up to its stop
+    # token (which is never an anchor: nothing is drafted after the end of a response)
+    stops = stop_token_ids(decoder.target.model, tokenizer)
     responses = []
     for prompt in prompts:
         ids = encode_messages(tokenizer, chat_messages(prompt))
         seed = response_seed(args.seed, prompt.dataset, prompt.prompt_id, 0)
-        out = decoder.generate_autoregressive(ids, sampling, max_new_tokens=args.max_new_tokens, seed=seed)
-        responses.append((ids, out.token_ids))
+        out = decoder.generate_autoregressive(ids, sampling, max_new_tokens=args.max_new_tokens,
+                                              stop_token_ids=stops, seed=seed)
+        anchors = out.token_ids[:-1] if out.stopped_by_eos else out.token_ids
+        if anchors:
+            responses.append((ids, anchors))
+    if not responses:
+        raise ValueError("every target response stopped at once: no anchor to truncate at")
     rng = random.Random(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
     points = []

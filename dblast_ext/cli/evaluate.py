@@ -56,19 +56,19 @@ def model_name(path: str) -> str:
     return path if path == "default" or resolve_drafter(path) != path else os.path.abspath(path)
 
 
-def run_settings(args, category_temperature: float, decoder) -> dict:
+def run_settings(args, category_temperature: float, decoder, measure_speedup: bool) -> dict:
     return {"target": model_name(args.target), "drafter": model_name(args.drafter),
             "drafter_digest": checkpoint_digest(args.drafter),
             "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
             "branches": decoder.drafter.num_branches, "block_size": decoder.drafter.config.block_size,
             "category_temperature": category_temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
-            "measure_speedup": bool(getattr(args, "measure_speedup", False)), "kernels": not args.no_kernels}
+            "measure_speedup": measure_speedup, "kernels": not args.no_kernels}
 
 
 def generate_records(args, decoder, tokenizer, prompts, records_path, category_temperature: float,
                      measure_speedup: bool = False):
     decoder.category_temperature = category_temperature
-    settings = run_settings(args, category_temperature, decoder)
+    settings = run_settings(args, category_temperature, decoder, measure_speedup)
     if measure_speedup and prompts:  # warm both loops up so one-time costs stay out of the timings
         ids = encode_messages(tokenizer, chat_messages(prompts[0]))
         decoder.generate(ids, sampling_of(args), max_new_tokens=8)
@@ -160,7 +160,7 @@ def print_summary(summary, out_dir) -> None:
               f"{s['cycle_mean']:.2f}, ceiling {100 * s['ceiling_fraction']:.1f}%, expected accepted "
               f"{s['expected_accepted']:.2f}{speed} ({s['n_prompts']} prompts, {s['n_cycles']} cycles)")
     for name, why in summary["skipped"].items():
-        print(f"{name:>12}: not summarised: {why}")
+        print(f"{name:>12}: not summarised (so no macro-average): {why}")
     m = summary["macro"]
     if m["tau"] is not None:
         print(f"{'macro':>12}: tau {m['tau']:.2f}, cycle mean {m['cycle_mean']:.2f}, expected accepted "

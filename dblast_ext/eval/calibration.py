@@ -63,4 +63,6 @@ def parse_grid(spec: str) -> List[float]:
         raise ValueError(f"--grid must be comma-separated numbers, got {spec!r}") from None
     if not grid:
         raise ValueError("--grid is empty")
+    if grid[0] < 0:
+        raise ValueError(f"--grid values are category temperatures, >= 0; got {grid[0]}")
     return grid

@@ -123,8 +123,10 @@ def speedup(records: Sequence[dict]) -> Optional[float]:
 
 
 def macro_average(summaries: Dict[str, Dict], key: str) -> Optional[float]:
-    values = [s[key] for s in summaries.values() if s.get(key) is not None]
-    return float(np.mean(values)) if values else None
+    """The mean of `key` over datasets; None unless every dataset has it (a mean over some of
+    them would compare runs on different datasets)."""
+    values = [s.get(key) for s in summaries.values()]
+    return float(np.mean(values)) if values and None not in values else None
 
 
 def _prompt_means(records: Sequence[dict], eos_only: bool) -> Dict[tuple, float]:

@@ -42,9 +42,9 @@ def sample_with_top_tokens(target: TargetAdapter, prompt_ids: Sequence[int], sam
 
 def oracle_accepted(matches: Sequence[bool], num_draft: int) -> List[int]:
     """Accepted drafts per cycle of the oracle along one response, from the top-token matches of
-    its tokens after the first. A response that ends inside a run of matches ends its last
-    cycle there: the drafts the verifier would accept past EOS or the length cap are not seen
-    (`dblast eval` counts them), so the oracle's last cycle per response can come out shorter."""
+    its tokens after the first. A cycle commits its accepted drafts and the correction or bonus
+    token; a response that ends inside a cycle counts only the tokens it kept there (n + 1 =
+    kept, as the decoder counts), so the counts add up to the response's length."""
     if num_draft < 1:
         raise ValueError(f"num_draft (block size - 1) must be >= 1, got {num_draft}")
     cycles, position = [], 0
@@ -52,8 +52,9 @@ def oracle_accepted(matches: Sequence[bool], num_draft: int) -> List[int]:
         accepted = 0
         while accepted < num_draft and position + accepted < len(matches) and matches[position + accepted]:
             accepted += 1
-        cycles.append(accepted)
-        position += accepted + 1  # the correction or bonus token closes the cycle
+        committed = min(accepted + 1, len(matches) - position)
+        cycles.append(committed - 1)
+        position += committed
     return cycles
 
 

@@ -1,6 +1,7 @@
 """Evaluation records: one JSONL line per generated response (DESIGN.md, evaluation).
 
-Fields: `prompt_id`, `dataset`, `turn`, `accepted` (n per cycle, 0..b), `expected_accepted`
+Fields: `prompt_id`, `dataset`, `turn`, `accepted` (n per cycle, 0..b: the cycle committed n + 1
+tokens, so a response's last cycle counts only the tokens it kept), `expected_accepted`
 (per cycle, sum_i prod_{j<=i} A_j), `block_size`, `eos_terminated`, `new_tokens`,
 `wall_time`, `ar_wall_time` / `ar_new_tokens` when the target-only run was measured, the
 response `text`, and `settings` (the run's flags)."""
@@ -29,8 +30,21 @@ def append_record(path: str, record: dict) -> None:
     append_jsonl(path, [record])
 
 
+def clip_last_cycle(record: dict) -> dict:
+    """`record` with its last cycle counting only the tokens the response kept (the prefill's
+    token plus n + 1 per cycle make `new_tokens`). The decoder counts that way; records written
+    before it did carry the verifier's count for a cycle cut at a stop token or the limit."""
+    over = 1 + sum(record["accepted"]) + len(record["accepted"]) - record.get("new_tokens", float("inf"))
+    if record["accepted"] and over > 0:
+        if over > record["accepted"][-1]:
+            raise ValueError(f"record {record['dataset']}/{record['prompt_id']} counts {over} more tokens "
+                             f"than its {record['new_tokens']} new tokens beyond its last cycle")
+        record = dict(record, accepted=record["accepted"][:-1] + [record["accepted"][-1] - over])
+    return record
+
+
 def read_records(path: str) -> List[dict]:
-    return [record for _, record in read_jsonl(path, "records")]
+    return [clip_last_cycle(record) for _, record in read_jsonl(path, "records")]
 
 
 def read_run_records(path: str) -> List[dict]:

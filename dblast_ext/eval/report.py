@@ -12,7 +12,8 @@ MACRO_KEYS = ("tau", "cycle_mean", "ceiling_fraction", "expected_accepted", "spe
 
 def summarize_run(records: Sequence[dict], *, eos_only: bool = True, n_boot: int = 2000, seed: int = 0) -> Dict:
     """{"datasets": {name: summary}, "macro": {key: mean over datasets}}; a dataset none of
-    whose responses ended with EOS is reported with its error instead of numbers."""
+    whose responses ended with EOS is reported with its error instead of numbers, and then the
+    run has no macro-average (it would be over fewer datasets than another run's)."""
     by_dataset: Dict[str, List[dict]] = {}
     for r in records:
         by_dataset.setdefault(r["dataset"], []).append(r)
@@ -22,7 +23,7 @@ def summarize_run(records: Sequence[dict], *, eos_only: bool = True, n_boot: int
             summaries[name] = summarize(group, eos_only=eos_only, n_boot=n_boot, seed=seed)
         except ValueError as e:
             skipped[name] = str(e)
-    macro = {key: macro_average(summaries, key) for key in MACRO_KEYS}
+    macro = {key: None if skipped else macro_average(summaries, key) for key in MACRO_KEYS}
     return {"datasets": summaries, "skipped": skipped, "macro": macro, "eos_only": eos_only}
 
 
@@ -53,7 +54,7 @@ def markdown_report(summary: Dict, settings: dict, title: str = "Evaluation") ->
                  f"{_fmt(m['ceiling_fraction'], pct=True)} | {_fmt(m['expected_accepted'])} | "
                  f"{_fmt(m['speedup'])}{'x' if m['speedup'] else ''} | | |")
     for name, why in summary.get("skipped", {}).items():
-        lines.append(f"\n{name}: not summarised: {why}")
+        lines.append(f"\n{name}: not summarised (so no macro-average): {why}")
     for name, s in summary["datasets"].items():
         lines += ["", f"## {name}: acceptance histogram (accepted drafts per cycle)", "",
                   f"![{name} histogram](histogram_{slug(name)}.png)", "", "| n | cycles | share |", "| ---: | ---: | ---: |"]

@@ -2,11 +2,14 @@
 
     python recipes/smollm2/chosen_zt.py runs/smollm2-eval/accept/dblast-k4-T0.7
 """
+import argparse
 import json
 import os
 import sys
 
-run = sys.argv[1]
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("run", help="the output directory of a `dblast eval` run")
+run = parser.parse_args().run
 path = os.path.join(run, "calibration", "calibration.json")
 if os.path.exists(path):
     with open(path) as f:

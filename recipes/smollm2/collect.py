@@ -64,6 +64,8 @@ def main() -> None:
                         help="also tabulate acceptance runs still in progress, from their records so far (marked "
                              "'partial'; their reports are not copied)")
     args = parser.parse_args()
+    if not os.path.isdir(args.runs):
+        parser.error(f"--runs: no directory {args.runs} (the OUT of eval.sh)")
     os.makedirs(args.out, exist_ok=True)
     main_rows, detail_rows = [], []
     for t in TEMPERATURES:
@@ -84,11 +86,12 @@ def main() -> None:
             zt = fmt(calibration["best"], 1) if calibration else "-"
             per = accept["datasets"]
             speedups = {d: speed["datasets"].get(d, {}).get("speedup") for d in DATASETS} if speed else {}
-            ceiling = [per[d]["ceiling_fraction"] for d in DATASETS if d in per]
+            complete = set(DATASETS) <= set(per)  # means over fewer datasets would not compare
+            ceiling = [per[d]["ceiling_fraction"] for d in DATASETS] if complete else []
             label = f"{arm} (partial)" if partial else arm
             main_rows.append(
                 f"| {t} ({FILTERS[t]}) | {label} | {zt} | " + " | ".join(tau_cell(per.get(d)) for d in DATASETS)
-                + f" | {fmt(accept['macro']['expected_accepted'])} | "
+                + f" | {fmt(accept['macro']['expected_accepted'] if complete else None)} | "
                 + (f"{100 * sum(ceiling) / len(ceiling):.1f}% | " if ceiling else "- | ")
                 + fmt(speedups.get("gsm8k")) + ("x" if speedups.get("gsm8k") else "")
                 + f" | {fmt(speed['macro'].get('speedup') if speed else None)}{'x' if speed else ''} |")

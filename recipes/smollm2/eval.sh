@@ -12,9 +12,10 @@
 #            ORACLE_PROMPTS prompts of each dataset: a drafter-free reference for the arms
 #   speed    speed-up over target-only sampling: one process at a time with every core, on
 #            the first SPEED_PROMPTS prompts of each dataset (the same prompts and seeds)
-#   blocks   speed-up on GSM8K at temperature 0.7 with shorter inference blocks (16, 8, 4): on a
-#            CPU a target pass costs about in proportion to the tokens it verifies
-#   determinism  accepted length binned by early determinism, MT-Bench, temperature 1.0
+#   blocks   speed-up on GSM8K at temperature 0.7 with shorter inference blocks (16, 8, 4) at the
+#            calibrated Z_T: on a CPU a target pass costs about in proportion to the tokens it verifies
+#   determinism  accepted length binned by early determinism, MT-Bench, temperature 1.0 (not
+#            resumable: about half an hour, recomputed whole)
 #   collect  report files (summary, report, plots; not the records) into results/smollm2/
 # Environment: OUT (runs, default runs/smollm2-eval), PROMPTS (45), SPEED_PROMPTS (10), ORACLE_PROMPTS (20),
 # WORKERS (2), GRID (the Z_T grid, 0,0.5,1), MAX_NEW_TOKENS (256; smaller only for a smoke run).
@@ -24,6 +25,7 @@ OUT=${OUT:-runs/smollm2-eval} PROMPTS=${PROMPTS:-45} SPEED_PROMPTS=${SPEED_PROMP
 ORACLE_PROMPTS=${ORACLE_PROMPTS:-20} GRID=${GRID:-0,0.5,1} MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
 PHASES=${PHASES:-accept oracle speed blocks determinism collect}
 DATASETS=gsm8k,mtbench,humaneval,math500
+command -v dblast > /dev/null || { echo "dblast is not on PATH: source .venv/bin/activate (scripts/setup.sh)"; exit 2; }
 mkdir -p "$OUT"
 
 sampling() {  # the filter of each temperature setting
@@ -74,8 +76,8 @@ for phase in $PHASES; do
       for arm in dblast-k4 dflash-k1; do
         for b in 16 8 4; do
           dblast eval --drafter "$arm" --block-size "$b" --datasets gsm8k --num-prompts "$SPEED_PROMPTS" $(sampling 0.7) \
-            --max-new-tokens "$MAX_NEW_TOKENS" --measure-speedup --all-responses --no-progress \
-            --out "$OUT/blocks/$arm-B$b" | tail -2
+            --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature "$(python recipes/smollm2/chosen_zt.py "$OUT/accept/$arm-T0.7")" \
+            --measure-speedup --all-responses --no-progress --out "$OUT/blocks/$arm-B$b" | tail -2
         done
       done ;;
     determinism)

@@ -18,6 +18,7 @@
 # layers the drafter reads), PACKAGE.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+command -v dblast > /dev/null || { echo "dblast is not on PATH: source .venv/bin/activate (scripts/setup.sh)"; exit 2; }
 MATH=${MATH:-1000} CODE=${CODE:-500} CHAT=${CHAT:-500}
 BASE_STEPS=${BASE_STEPS:-3000} STEPS=${STEPS:-1000} LAYERS=${LAYERS:-2}
 TARGET_LAYERS=${TARGET_LAYERS:-1, 8, 14, 21, 27} PACKAGE=${PACKAGE:-1}
