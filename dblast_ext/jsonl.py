@@ -14,9 +14,10 @@ def append_jsonl(path: str, records: Sequence[dict]) -> None:
         os.fsync(f.fileno())
 
 
-def read_jsonl(path: str, what: str) -> Iterator[Tuple[str, object]]:
+def read_jsonl(path: str, what: str, *, live: bool = False) -> Iterator[Tuple[str, object]]:
     """(where, value) per non-empty line, `where` = "PATH: line N" for error messages;
-    `what` names the file's kind when it does not exist."""
+    `what` names the file's kind when it does not exist. `live`: another process may be
+    appending, so a last line without its newline is one being written and is skipped."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no {what} file at {path}")
     with open(path, encoding="utf-8") as f:
@@ -24,6 +25,8 @@ def read_jsonl(path: str, what: str) -> Iterator[Tuple[str, object]]:
             if not line.strip():
                 continue
             where = f"{path}: line {line_number}"
+            if live and not line.endswith("\n"):
+                return
             try:
                 value = json.loads(line)
             except json.JSONDecodeError as e:

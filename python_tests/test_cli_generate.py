@@ -1,5 +1,6 @@
 """`dblast generate` on a tiny random target saved as a local model directory (tokenizer and
 chat template included) and a DFlash-format drafter checkpoint."""
+import io
 import json
 import os
 import subprocess
@@ -94,9 +95,10 @@ def test_compare_ar_reports_a_speedup(capsys, model_dirs):
     ({"--temperature": "-1"}, "--temperature"),
     ({"--top-p": "0"}, "--top-p"),
     ({"--max-new-tokens": "0"}, "--max-new-tokens"),
-    ({"--prompt": ""}, "prompt is empty"),
+    ({"--prompt": ""}, "--prompt: the prompt is empty"),
     ({"--dtype": "int8"}, "dtype"),
     ({"--category-temperature": "-1"}, "--category-temperature"),
+    ({"--system": "be brief"}, "--system needs --chat"),
 ])
 def test_bad_arguments_fail_with_one_clear_line(capsys, model_dirs, change, message):
     target, drafter = model_dirs
@@ -105,6 +107,13 @@ def test_bad_arguments_fail_with_one_clear_line(capsys, model_dirs, change, mess
     assert main(["generate", *[x for kv in args.items() for x in kv]]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dblast generate: error:") and message in err and "Traceback" not in err
+
+
+def test_an_empty_standard_input_names_the_prompt_flag(capsys, model_dirs, monkeypatch):
+    target, drafter = model_dirs
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert main(["generate", "--target", target, "--drafter", drafter, "--prompt", "-"]) == 2
+    assert "--prompt: the prompt is empty (nothing on standard input)" in capsys.readouterr().err
 
 
 def test_the_installed_console_script_runs(model_dirs):

@@ -147,6 +147,12 @@ def test_diagnose_ceiling_reads_finished_runs(setup, capsys):
     assert main(["diagnose", "ceiling", str(out), "--all-responses"]) == 0
     text = capsys.readouterr().out
     assert "ceiling fraction" in text and "<- ceiling" in text and "| alpha |" in text
+    # the tiny target never ends a response: over EOS-terminated responses every dataset is
+    # reported as not summarised instead of stopping the command
+    assert not any(r["eos_terminated"] for r in read_records(str(out / "records.jsonl")))
+    assert main(["diagnose", "ceiling", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "alpha: not summarised" in text and "beta: not summarised" in text
 
 
 def test_diagnose_expansion_decomposes_the_change_in_mean_accepted(setup, capsys):
@@ -158,6 +164,11 @@ def test_diagnose_expansion_decomposes_the_change_in_mean_accepted(setup, capsys
     for row in result["datasets"]:
         assert row["G"] - row["L"] == pytest.approx(row["mean_wider"] - row["mean_trained"])
     assert {r["block_size"] for r in read_records(str(out / "records_block9.jsonl"))} == {9}
+    # over EOS-terminated responses only (the tiny target never ends one): reported, not fatal
+    capsys.readouterr()
+    assert main(["diagnose", "expansion", *model_args(setup, "--out", str(out), "--block-size", "9")]) == 0
+    assert "alpha not summarised" in capsys.readouterr().err
+    assert json.loads((out / "expansion.json").read_text())["datasets"] == []
     assert main(["diagnose", "expansion", *model_args(setup, "--out", str(out), "--block-size", "4")]) == 2
 
 

@@ -203,3 +203,13 @@ def test_macro_averages_need_every_dataset():
     result = summarize_run([both[0], record("q", [0, 1], dataset="b", eos=False)], n_boot=50)
     assert set(result["skipped"]) == {"b"} and result["macro"]["tau"] is None
     assert macro_average({"a": {"speedup": 1.2}, "b": {"speedup": None}}, "speedup") is None
+
+
+def test_a_live_read_skips_the_line_being_written(tmp_path):
+    path = tmp_path / "records.jsonl"
+    append_record(str(path), record("p", [1, 2]))
+    with open(path, "a") as f:
+        f.write('{"dataset": "d", "prompt_id": "q", "acc')  # another process is mid-write
+    assert [r["prompt_id"] for r in read_records(str(path), live=True)] == ["p"]
+    with pytest.raises(ValueError, match="line 2 is not valid JSON.*cut short"):
+        read_records(str(path))  # a finished run's file: a cut line is reported

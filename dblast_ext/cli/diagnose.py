@@ -75,15 +75,16 @@ def run(args) -> int:
 def run_ceiling(args) -> int:
     print("| run | dataset | block | cycles | mean n | ceiling fraction (n = b) |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
-    histograms = []
+    histograms, skipped = [], []
     for run_dir in args.runs:
-        records = read_run_records(run_dir)
-        for name in sorted({r["dataset"] for r in records}):
-            s = summarize([r for r in records if r["dataset"] == name], eos_only=not args.all_responses, n_boot=1)
-            mean_n = sum(n * h for n, h in enumerate(s["histogram"])) / s["n_cycles"]
-            print(f"| {run_dir} | {name} | {s['block_size']} | {s['n_cycles']} | {mean_n:.2f} | "
+        result = summarize_run(read_run_records(run_dir), eos_only=not args.all_responses, n_boot=1)
+        for name, s in sorted(result["datasets"].items()):
+            print(f"| {run_dir} | {name} | {s['block_size']} | {s['n_cycles']} | {s['cycle_mean'] - 1:.2f} | "
                   f"{100 * s['ceiling_fraction']:.1f}% |")
             histograms.append((run_dir, name, s))
+        skipped += [(run_dir, name, why) for name, why in sorted(result["skipped"].items())]
+    for run_dir, name, why in skipped:
+        print(f"\n{run_dir} / {name}: not summarised: {why}")
     for run_dir, name, s in histograms:
         print(f"\n{run_dir} / {name}:")
         print(acceptance_histogram(s["histogram"]))
@@ -112,11 +113,17 @@ def run_expansion(args) -> int:
         runs[label], _ = generate_records(args, decoder, tokenizer, prompts,
                                           os.path.join(args.out, f"records_block{block}.jsonl"),
                                           args.category_temperature)
-    rows = []
+    rows, skipped = [], {}
     for name in sorted({p.dataset for p in prompts}):
-        hists = [summarize([r for r in runs[k] if r["dataset"] == name], eos_only=not args.all_responses,
-                           n_boot=1)["histogram"] for k in ("trained", "wider")]
+        try:
+            hists = [summarize([r for r in runs[k] if r["dataset"] == name], eos_only=not args.all_responses,
+                               n_boot=1)["histogram"] for k in ("trained", "wider")]
+        except ValueError as e:  # e.g. no response of this dataset ended with EOS: say so, go on
+            skipped[name] = str(e)
+            continue
         rows.append(dict(dataset=name, **expansion_decomposition(hists[0], hists[1], trained)))
+    for name, why in skipped.items():
+        print(f"expansion: {name} not summarised: {why}", file=sys.stderr)
     with open(os.path.join(args.out, "expansion.json"), "w") as f:
         json.dump({"trained_block_size": trained, "block_size": wider, "datasets": rows}, f, indent=2)
     lines = [f"Naive expansion from block {trained} to {wider} (DBloom Eq 4-5): E[n] change = G - L.", "",

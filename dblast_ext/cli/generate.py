@@ -29,10 +29,12 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    if not args.prompt:
-        raise ValueError("the prompt is empty")
+    if args.system is not None and not args.chat:
+        raise ValueError("--system needs --chat (a system message goes through the chat template)")
     check_args(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt:
+        raise ValueError("--prompt: the prompt is empty" + (" (nothing on standard input)" if args.prompt == "-" else ""))
     decoder, tokenizer = load_decoder(args, args.category_temperature)
     target, drafter = decoder.target.model, decoder.drafter
     ids = encode_prompt(tokenizer, prompt, args.chat, args.system)

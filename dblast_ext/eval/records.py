@@ -43,13 +43,14 @@ def clip_last_cycle(record: dict) -> dict:
     return record
 
 
-def read_records(path: str) -> List[dict]:
-    return [clip_last_cycle(record) for _, record in read_jsonl(path, "records")]
+def read_records(path: str, *, live: bool = False) -> List[dict]:
+    """`live`: the run may still be appending (its last line may be half written)."""
+    return [clip_last_cycle(record) for _, record in read_jsonl(path, "records", live=live)]
 
 
-def read_run_records(path: str) -> List[dict]:
+def read_run_records(path: str, *, live: bool = False) -> List[dict]:
     """The records of a `dblast eval` output directory, or of a records file given directly."""
-    return read_records(os.path.join(path, "records.jsonl") if os.path.isdir(path) else path)
+    return read_records(os.path.join(path, "records.jsonl") if os.path.isdir(path) else path, live=live)
 
 
 def read_done_records(path: str, settings: dict, key: Callable[[dict], tuple]) -> Dict[tuple, dict]:

@@ -75,7 +75,7 @@ def main() -> None:
             accept, speed = load(os.path.join(accept_dir, "summary.json")), load(os.path.join(speed_dir, "summary.json"))
             partial = accept is None and args.partial and os.path.exists(os.path.join(accept_dir, "records.jsonl"))
             if partial:
-                accept = summarize_run(read_run_records(accept_dir))
+                accept = summarize_run(read_run_records(accept_dir, live=True))
             elif accept is None:
                 continue
             else:
