@@ -244,6 +244,14 @@ class SpeculativeDecoder:
         record, _, _ = self._cycle(int(ids[0, -1]), context, target_cache, drafter_cache, sampling, generator)
         return record
 
+    def warm_up(self, input_ids, sampling: Optional[SamplingParams] = None, *, target_only: bool = True,
+                stop_token_ids: Optional[Sequence[int]] = None) -> None:
+        """A few tokens of speculative sampling (and of the target alone, with `target_only`) so
+        one-time costs (allocations, kernel selection) stay out of the timings that follow."""
+        self.generate(input_ids, sampling, max_new_tokens=8, stop_token_ids=stop_token_ids)
+        if target_only:
+            self.generate_autoregressive(input_ids, sampling, max_new_tokens=8, stop_token_ids=stop_token_ids)
+
     def generate_autoregressive(self, input_ids, sampling: Optional[SamplingParams] = None,
                                 max_new_tokens: int = 256, stop_token_ids: Optional[Sequence[int]] = None,
                                 seed: int = 0, on_tokens: Optional[Callable[[List[int]], None]] = None

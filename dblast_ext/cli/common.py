@@ -9,6 +9,11 @@ def add_target_args(p) -> None:
     p.add_argument("--target", default="default",
                    help="local directory of a transformers causal LM (+ tokenizer); 'default' (the default) is the "
                         "embedded SmolLM2-135M-Instruct")
+    add_runtime_args(p)
+
+
+def add_runtime_args(p) -> None:
+    """How the models run (--device, --dtype) and --seed."""
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
     p.add_argument("--seed", type=int, default=0)

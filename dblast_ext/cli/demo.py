@@ -8,7 +8,7 @@ import sys
 
 from ..embedded_drafters import EMBEDDED_DRAFTERS
 from ..target_loading import TextStream, encode_messages, stop_token_ids
-from .common import add_sampling_args, check_args, load_decoder, sampling_of
+from .common import add_runtime_args, add_sampling_args, check_args, load_decoder, sampling_of
 from ..eval.metrics import speedup_ratio
 from .display import acceptance_histogram, committed_length, rate
 
@@ -34,9 +34,7 @@ def add_parser(subparsers) -> None:
                    help="draft blocks of this length instead of the trained 16 (a shorter block verifies fewer "
                         "tokens per target pass, which pays on a CPU where a pass costs in proportion to its length)")
     p.add_argument("--no-compare", action="store_true", help="skip the target-only runs (no speed-up figure)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16")
-    p.add_argument("--seed", type=int, default=0)
+    add_runtime_args(p)
 
 
 def run(args) -> int:
@@ -54,10 +52,7 @@ def run(args) -> int:
           f"{drafter.config.block_size}); temperature {args.temperature}, top-p {args.top_p}, top-k {args.top_k}, "
           f"up to {args.max_new_tokens} new tokens\n", file=out)
     prompts = [encode_messages(tokenizer, [{"role": "user", "content": text}]) for text in DEMO_PROMPTS[:args.prompts]]
-    warm = dict(sampling=sampling, max_new_tokens=min(8, args.max_new_tokens), stop_token_ids=stops)
-    decoder.generate(prompts[0], **warm)   # one-time costs stay out of the timings
-    if not args.no_compare:
-        decoder.generate_autoregressive(prompts[0], **warm)
+    decoder.warm_up(prompts[0], sampling, target_only=not args.no_compare, stop_token_ids=stops)
 
     accepted, spec_tokens, spec_time, ar_tokens, ar_time = [], 0, 0.0, 0, 0.0
     draft_time = verify_time = 0.0

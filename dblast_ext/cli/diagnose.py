@@ -23,10 +23,10 @@ import torch
 from ..decoding import TargetAdapter
 from ..eval.datasets import chat_messages
 from ..eval.determinism import bin_by_determinism, early_determinism
-from ..eval.metrics import expansion_decomposition, first_draft_accepted, summarize
+from ..eval.metrics import expansion_decomposition, first_draft_accepted, kept_records, summarize
 from ..eval.oracle import oracle_records
 from ..eval.records import read_run_records
-from ..eval.report import PLOTS_SKIPPED, plot_histograms, summarize_run
+from ..eval.report import PLOTS_SKIPPED, plot_histograms, pyplot, summarize_run
 from ..eval.runner import response_seed
 from ..target_loading import default_device, encode_messages, load_target, stop_token_ids
 from .common import (add_model_args, add_sampling_args, add_target_args, check_args, check_sampling_args,
@@ -213,7 +213,7 @@ def run_oracle(args) -> int:
     result = summarize_run(records, eos_only=not args.all_responses)
     for name, s in result["datasets"].items():
         # token-pooled over the responses the statistics use (tau is a prompt mean)
-        used = [r for r in records if r["dataset"] == name and (r["eos_terminated"] or args.all_responses)]
+        used = kept_records([r for r in records if r["dataset"] == name], eos_only=not args.all_responses)
         probabilities = [p for r in used for p in r["top_probability"]]
         s["top_probability"] = sum(probabilities) / len(probabilities) if probabilities else None
     try:
@@ -243,9 +243,7 @@ def run_oracle(args) -> int:
 
 def plot_determinism(path, bins) -> None:
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return
     labels = [f"({b['bin'][0]:.1f}, {b['bin'][1]:.1f}]" for b in bins]

@@ -10,7 +10,7 @@ from ..drafter_io import checkpoint_digest
 from ..embedded_drafters import resolve_drafter
 from ..eval.calibration import DEFAULT_GRID, calibrate, parse_grid, split_prompts
 from ..eval.datasets import load_prompts, parse_dataset_list
-from ..eval.report import write_report
+from ..eval.report import pyplot, write_report
 from ..eval.runner import run_prompts
 from ..eval.datasets import chat_messages
 from ..target_loading import encode_messages
@@ -69,10 +69,8 @@ def generate_records(args, decoder, tokenizer, prompts, records_path, category_t
                      measure_speedup: bool = False):
     decoder.category_temperature = category_temperature
     settings = run_settings(args, category_temperature, decoder, measure_speedup)
-    if measure_speedup and prompts:  # warm both loops up so one-time costs stay out of the timings
-        ids = encode_messages(tokenizer, chat_messages(prompts[0]))
-        decoder.generate(ids, sampling_of(args), max_new_tokens=8)
-        decoder.generate_autoregressive(ids, sampling_of(args), max_new_tokens=8)
+    if measure_speedup and prompts:
+        decoder.warm_up(encode_messages(tokenizer, chat_messages(prompts[0])), sampling_of(args))
     records = run_prompts(decoder, tokenizer, prompts, records_path, sampling=sampling_of(args),
                           max_new_tokens=args.max_new_tokens, seed=args.seed, settings=settings,
                           measure_speedup=measure_speedup, progress=not args.no_progress)
@@ -105,9 +103,7 @@ def calibrate_category_temperature(args, decoder, tokenizer, prompts, out_dir, g
 
 def plot_calibration(path, result) -> None:
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(5, 3.2))

@@ -41,9 +41,8 @@ def run(args) -> int:
     sampling = sampling_of(args)
     stops = [] if args.ignore_eos else stop_token_ids(target, tokenizer)
     run_kwargs = dict(sampling=sampling, max_new_tokens=args.max_new_tokens, stop_token_ids=stops, seed=args.seed)
-    if args.compare_ar:  # one short warm-up of each loop, so one-time costs stay out of the comparison
-        decoder.generate(ids, **dict(run_kwargs, max_new_tokens=min(8, args.max_new_tokens)))
-        decoder.generate_autoregressive(ids, **dict(run_kwargs, max_new_tokens=min(8, args.max_new_tokens)))
+    if args.compare_ar:
+        decoder.warm_up(ids, sampling, stop_token_ids=stops)
 
     stream = None if args.json else TextStream(tokenizer, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
     out = decoder.generate(ids, **run_kwargs, on_tokens=stream)

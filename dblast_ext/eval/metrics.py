@@ -69,6 +69,11 @@ def bootstrap_indices(n: int, n_boot: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
 
 
+def kept_records(records: Sequence[dict], eos_only: bool) -> List[dict]:
+    """The responses acceptance statistics use: those that ended with EOS, or all of them."""
+    return [r for r in records if r["eos_terminated"] or not eos_only]
+
+
 def summarize(records: Sequence[dict], *, eos_only: bool = True, n_boot: int = 2000, seed: int = 0) -> Dict:
     """tau, cycle_mean (each with a 95% prompt-level bootstrap interval), the histogram of n
     over 0..b, the ceiling fraction (n = b), the mean expected accepted length, the measured
@@ -77,7 +82,7 @@ def summarize(records: Sequence[dict], *, eos_only: bool = True, n_boot: int = 2
     inflate acceptance); the speed-up, a timing, uses every response."""
     _check(records)
     block = block_size_of(records)
-    kept = [r for r in records if r["eos_terminated"]] if eos_only else list(records)
+    kept = kept_records(records, eos_only)
     if not kept:
         raise ValueError(f"none of the {len(records)} responses ended with an end-of-sequence token; "
                          "raise max_new_tokens or summarise with eos_only=False")
@@ -130,7 +135,7 @@ def macro_average(summaries: Dict[str, Dict], key: str) -> Optional[float]:
 
 
 def _prompt_means(records: Sequence[dict], eos_only: bool) -> Dict[tuple, float]:
-    kept = [r for r in records if r["eos_terminated"]] if eos_only else list(records)
+    kept = kept_records(records, eos_only)
     keys, sums, counts = per_prompt_counts(kept)
     return dict(zip(keys, sums / counts))
 

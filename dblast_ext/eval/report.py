@@ -70,10 +70,16 @@ def slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
 
 
-def plot_histogram(path: str, histogram: Sequence[int], title: str) -> None:
+def pyplot():
+    """matplotlib.pyplot drawing to files (no display needed); ImportError without matplotlib."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_histogram(path: str, histogram: Sequence[int], title: str) -> None:
+    plt = pyplot()
 
     total = sum(histogram) or 1
     shares = [100 * h / total for h in histogram]
@@ -90,9 +96,7 @@ def plot_histogram(path: str, histogram: Sequence[int], title: str) -> None:
 
 
 def plot_committed_length(path: str, summaries: Dict[str, Dict]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(summaries)
     fig, ax = plt.subplots(figsize=(max(4, 1.6 * len(names) + 2), 3.5))
