@@ -140,6 +140,19 @@ def test_compare_pairs_prompts_and_rejects_other_prompt_sets(setup, capsys):
     assert main(["compare", str(a)]) == 2
 
 
+def test_a_run_directory_reads_as_the_prompts_its_last_run_summarised(setup):
+    from dblast_ext.eval.records import read_run_records
+    out = setup[0] / "rerun-fewer"
+    run_eval(setup, out, "--all-responses")
+    run_eval(setup, out, "--all-responses", "--num-prompts", "2")  # same directory, fewer prompts
+    assert len(read_records(str(out / "records.jsonl"))) > 4  # the first run's records are still there
+    summary = json.loads((out / "summary.json").read_text())
+    records = read_run_records(str(out))
+    assert {(r["dataset"], r["prompt_id"]) for r in records} == {tuple(p) for p in summary["prompts"]}
+    assert len(summary["prompts"]) == 4
+    assert sum(len(r["accepted"]) for r in records) == sum(s["n_cycles"] for s in summary["datasets"].values())
+
+
 def test_diagnose_ceiling_reads_finished_runs(setup, capsys):
     out = setup[0] / "ceil"
     run_eval(setup, out, "--all-responses")

@@ -5,6 +5,7 @@ tokens, so a response's last cycle counts only the tokens it kept), `expected_ac
 (per cycle, sum_i prod_{j<=i} A_j), `block_size`, `eos_terminated`, `new_tokens`,
 `wall_time`, `ar_wall_time` / `ar_new_tokens` when the target-only run was measured, the
 response `text`, and `settings` (the run's flags)."""
+import json
 import os
 from typing import Callable, Dict, List, Optional
 
@@ -49,8 +50,19 @@ def read_records(path: str, *, live: bool = False) -> List[dict]:
 
 
 def read_run_records(path: str, *, live: bool = False) -> List[dict]:
-    """The records of a `dblast eval` output directory, or of a records file given directly."""
-    return read_records(os.path.join(path, "records.jsonl") if os.path.isdir(path) else path, live=live)
+    """The records of a `dblast eval` output directory (those of the prompts its summary.json
+    lists, when it has one), or of a records file given directly."""
+    if not os.path.isdir(path):
+        return read_records(path, live=live)
+    records = read_records(os.path.join(path, "records.jsonl"), live=live)
+    summary_path = os.path.join(path, "summary.json")
+    if os.path.isfile(summary_path):
+        with open(summary_path) as f:
+            listed = json.load(f).get("prompts")
+        if listed is not None:
+            prompts = {tuple(key) for key in listed}
+            records = [r for r in records if (r["dataset"], r["prompt_id"]) in prompts]
+    return records
 
 
 def read_done_records(path: str, settings: dict, key: Callable[[dict], tuple]) -> Dict[tuple, dict]:

@@ -120,6 +120,9 @@ def write_report(out_dir: str, records: Sequence[dict], settings: dict, *, eos_o
     """Writes summary.json, report.md and the plots into out_dir; returns the summary."""
     summary = summarize_run(records, eos_only=eos_only)
     summary["settings"] = settings
+    # the prompts summarised: records.jsonl can also hold those of an earlier run into the same
+    # directory with other prompts (read_run_records keeps to these)
+    summary["prompts"] = [list(key) for key in dict.fromkeys((r["dataset"], r["prompt_id"]) for r in records)]
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     with open(os.path.join(out_dir, "report.md"), "w") as f:
