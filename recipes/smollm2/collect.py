@@ -56,6 +56,30 @@ def copy_run(src, dst, runs_root):
                 shutil.copyfile(path, target)
 
 
+def target_rows(finished, speeds) -> str:
+    """Issue 8's three targets against the finished runs: measured value, met or not (or
+    pending while a run it needs is unfinished)."""
+    def verdict(ok):
+        return "pending" if ok is None else ("yes" if ok else "no")
+
+    k4 = finished.get(("dblast-k4", "0.7"))
+    gsm = k4["datasets"].get("gsm8k") if k4 else None
+    speed = speeds.get(("dblast-k4", "0.7"))
+    speedup = speed["datasets"].get("gsm8k", {}).get("speedup") if speed else None
+    rows = ["| target | measured | met? |", "| --- | --- | --- |",
+            f"| `dblast-k4` tau >= 3.0 on GSM8K at T 0.7 | {tau_cell(gsm) if gsm else 'pending'} | "
+            f"{verdict(gsm['tau'] >= 3.0 if gsm else None)} |",
+            f"| its speed-up >= 1.8x there (2-core CPU) | {fmt(speedup)}{'x' if speedup else ''} | "
+            f"{verdict(speedup >= 1.8 if speedup else None)} |"]
+    for t in ("1.0", "1.5"):
+        k4, k1 = (finished.get((arm, t)) for arm in ("dblast-k4", "dflash-k1"))
+        e4, e1 = (run["macro"]["expected_accepted"] if run else None for run in (k4, k1))
+        known = e4 is not None and e1 is not None
+        rows.append(f"| `dblast-k4` above `dflash-k1` in macro expected accepted length at T {t} | "
+                    f"{fmt(e4)} vs {fmt(e1)} | {verdict(e4 > e1 if known else None)} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", required=True)
@@ -68,11 +92,13 @@ def main() -> None:
         parser.error(f"--runs: no directory {args.runs} (the OUT of eval.sh)")
     os.makedirs(args.out, exist_ok=True)
     main_rows, detail_rows = [], []
+    finished, speeds = {}, {}  # (arm, temperature) -> summary of a finished acceptance / speed run
     for t in TEMPERATURES:
         for arm in ARMS:
             accept_dir = os.path.join(args.runs, "accept", f"{arm}-T{t}")
             speed_dir = os.path.join(args.runs, "speed", f"{arm}-T{t}")
             accept, speed = load(os.path.join(accept_dir, "summary.json")), load(os.path.join(speed_dir, "summary.json"))
+            finished[arm, t], speeds[arm, t] = accept, speed
             partial = accept is None and args.partial and os.path.exists(os.path.join(accept_dir, "records.jsonl"))
             if partial:
                 accept = summarize_run(read_run_records(accept_dir, live=True))
@@ -144,14 +170,16 @@ def main() -> None:
     missing = "\n*(no runs of this phase yet: `bash recipes/smollm2/eval.sh` makes them)*"
     main_rows, detail_rows, block_rows, oracle_rows = (
         rows or [missing] for rows in (main_rows, detail_rows, block_rows, oracle_rows))
+    targets = target_rows(finished, speeds)
     with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write("# SmolLM2-135M-Instruct with the embedded drafters\n\n" + header + "\n" + "\n".join(main_rows)
+        f.write("# SmolLM2-135M-Instruct with the embedded drafters\n\n## Issue 8's targets\n\n" + targets
+                + "\n\n## Acceptance and speed-up\n\n" + header + "\n" + "\n".join(main_rows)
                 + "\n\n## Per dataset\n\n" + detail_header + "\n" + "\n".join(detail_rows)
                 + "\n\n## Inference block length on the CPU (GSM8K, temperature 0.7, top-p 0.8, top-k 20)\n\n"
                 + block_header + "\n" + "\n".join(block_rows)
                 + "\n\n## Top-token oracle: a drafter that always drafts the target's most likely token (block 16, first turns)\n\n"
                 + oracle_header + "\n" + "\n".join(oracle_rows) + "\n")
-    print(header + "\n" + "\n".join(main_rows) + "\n\n" + block_header + "\n" + "\n".join(block_rows)
+    print(targets + "\n\n" + header + "\n" + "\n".join(main_rows) + "\n\n" + block_header + "\n" + "\n".join(block_rows)
           + "\n\n" + oracle_header + "\n" + "\n".join(oracle_rows))
 
 
