@@ -13,7 +13,7 @@ import shutil
 
 from dblast_ext.eval.metrics import first_draft_accepted
 from dblast_ext.eval.records import read_run_records
-from dblast_ext.eval.report import summarize_run
+from dblast_ext.eval.report import pyplot, summarize_run
 
 ARMS = ("dflash-k1", "dblast-k4")
 TEMPERATURES = ("0", "0.7", "1.0", "1.5")
@@ -56,6 +56,47 @@ def copy_run(src, dst, runs_root):
                 shutil.copyfile(path, target)
 
 
+def plot_tau(path, shown, oracles) -> bool:
+    """tau [95% CI] per dataset, one panel per temperature: the drafters side by side and the
+    top-token oracle as an outline. False (no file) without matplotlib or runs."""
+    try:
+        plt = pyplot()
+    except ImportError:
+        return False
+    temperatures = [t for t in TEMPERATURES if t in oracles or any(key[1] == t for key in shown)]
+    if not temperatures:
+        return False
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(4.2 * len(temperatures), 3.6), sharey=True,
+                             squeeze=False)
+    for ax, t in zip(axes[0], temperatures):
+        series = [(label, per) for (label, temp), per in shown.items() if temp == t]
+        if t in oracles:
+            series.append(("top-token oracle", oracles[t]))
+        width = 0.8 / len(series)
+        for i, (label, per) in enumerate(series):
+            xs = [j + (i - (len(series) - 1) / 2) * width for j, d in enumerate(DATASETS) if d in per]
+            taus = [per[d]["tau"] for d in DATASETS if d in per]
+            errors = [[per[d]["tau"] - per[d]["tau_ci"][0] for d in DATASETS if d in per],
+                      [per[d]["tau_ci"][1] - per[d]["tau"] for d in DATASETS if d in per]]
+            oracle = label == "top-token oracle"
+            color = {"dflash-k1": "#4c72b0", "dblast-k4": "#dd8452"}.get(label.split()[0])  # same in every panel
+            ax.bar(xs, taus, width, yerr=errors, capsize=2, label=label, fill=not oracle, color=color,
+                   edgecolor="#555555" if oracle else None)
+        ax.set_xticks(range(len(DATASETS)), DATASETS)
+        ax.set_title(f"T {t} ({FILTERS[t]})")
+        ax.axhline(1.0, color="#999999", linewidth=0.8)
+    axes[0][0].set_ylabel("tau (tokens per target pass)")
+    legend = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(legend.values(), legend.keys(), loc="upper center", ncol=len(legend), fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def target_rows(finished, speeds) -> str:
     """Issue 8's three targets against the finished runs: measured value, met or not (or
     pending while a run it needs is unfinished)."""
@@ -93,6 +134,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     main_rows, detail_rows = [], []
     finished, speeds = {}, {}  # (arm, temperature) -> summary of a finished acceptance / speed run
+    shown, oracles = {}, {}  # (label, temperature) -> per-dataset summaries in the table; T -> oracle's
     for t in TEMPERATURES:
         for arm in ARMS:
             accept_dir = os.path.join(args.runs, "accept", f"{arm}-T{t}")
@@ -115,6 +157,7 @@ def main() -> None:
             complete = set(DATASETS) <= set(per)  # means over fewer datasets would not compare
             ceiling = [per[d]["ceiling_fraction"] for d in DATASETS] if complete else []
             label = f"{arm} (partial)" if partial else arm
+            shown[label, t] = per
             main_rows.append(
                 f"| {t} ({FILTERS[t]}) | {label} | {zt} | " + " | ".join(tau_cell(per.get(d)) for d in DATASETS)
                 + f" | {fmt(accept['macro']['expected_accepted'] if complete else None)} | "
@@ -154,7 +197,7 @@ def main() -> None:
         if oracle is None:
             continue
         copy_run(oracle_dir, os.path.join(args.out, f"oracle-T{t}"), args.runs)
-        per = oracle["datasets"]
+        per = oracles[t] = oracle["datasets"]
         top = [per[d]["top_probability"] for d in DATASETS if per.get(d, {}).get("top_probability") is not None]
         oracle_rows.append(f"| {t} ({FILTERS[t]}) | " + " | ".join(
                                tau_cell(per[d]) + f" ({100 * first_draft_accepted(per[d]):.0f}%)" if d in per else "-"
@@ -171,9 +214,11 @@ def main() -> None:
     main_rows, detail_rows, block_rows, oracle_rows = (
         rows or [missing] for rows in (main_rows, detail_rows, block_rows, oracle_rows))
     targets = target_rows(finished, speeds)
+    plotted = plot_tau(os.path.join(args.out, "tau.png"), shown, oracles)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write("# SmolLM2-135M-Instruct with the embedded drafters\n\n## Issue 8's targets\n\n" + targets
-                + "\n\n## Acceptance and speed-up\n\n" + header + "\n" + "\n".join(main_rows)
+                + "\n\n## Acceptance and speed-up\n\n" + ("![tau per dataset](tau.png)\n\n" if plotted else "")
+                + header + "\n" + "\n".join(main_rows)
                 + "\n\n## Per dataset\n\n" + detail_header + "\n" + "\n".join(detail_rows)
                 + "\n\n## Inference block length on the CPU (GSM8K, temperature 0.7, top-p 0.8, top-k 20)\n\n"
                 + block_header + "\n" + "\n".join(block_rows)
