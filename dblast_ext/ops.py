@@ -2,8 +2,9 @@
 
 Each op has a fake (meta) implementation registered here, so that
 torch.library.opcheck passes and torch.compile(fullgraph=True) can trace it.
-Randomness comes from caller-supplied uniforms; when none are given they are drawn
-from `generator`, so CPU and CUDA make identical decisions on identical inputs.
+Randomness comes from caller-supplied uniforms (when none are given, they are drawn from
+`generator` on the logits' device); given the same uniforms, CPU and CUDA decide alike (a
+uniform within rounding, ~1e-6, of an acceptance probability may go either way).
 """
 from typing import Optional, Tuple
 
@@ -151,4 +152,4 @@ def _branch_argmax_fake(hidden, lm_head_weight, expander_weight, expander_bias, 
 
 @torch.library.register_fake("dblast::drafter_attention")
 def _drafter_attention_fake(q, k_cache, v_cache, k_block, v_block, context_lens, scale, window):
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)  # contiguous, like both kernels' output (q itself may be strided)

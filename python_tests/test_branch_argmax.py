@@ -74,6 +74,20 @@ def test_matches_reference_across_shapes(device, rows, branches, width, vocab, d
     assert_matches_float64_reference(ops.branch_argmax(**to_device(case, device)), case)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("branches", [1, 4])
+def test_an_empty_batch_gives_empty_outputs(device, branches, dtype):
+    case = make_case(0, branches, 64, 1000, dtype, seed=5)
+    result = ops.branch_argmax(**to_device(case, device))
+    assert result.tokens.shape == result.max_logits.shape == result.logsumexp.shape == (0, branches)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_vocabulary_smaller_than_a_tile_matches_the_reference(device, dtype):
+    case = make_case(5, 4, 64, 50, dtype, seed=6)  # fewer tokens than the 64-column minimum tile
+    assert_matches_float64_reference(ops.branch_argmax(**to_device(case, device)), case)
+
+
 @pytest.mark.parametrize("vocab,padded", [(1000, 24), (151669, 267)])  # Qwen3: 151,669 tokens in 151,936 rows
 def test_padding_rows_never_win_nor_count(device, vocab, padded):
     case = make_case(4, 2, 64, vocab, torch.float32, seed=3, padded=padded)

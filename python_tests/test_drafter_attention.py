@@ -137,6 +137,35 @@ def test_opcheck(device):
     torch.library.opcheck(torch.ops.dblast.drafter_attention.default, args)
 
 
+def test_opcheck_with_a_strided_q(device):
+    """q as the drafter makes it (heads and positions transposed): the fake output must be
+    contiguous like the kernels' for torch.compile's stride bookkeeping."""
+    case = to_device(make_case(3, 2, 4, 8, 64, 40, torch.float32, seed=10), device)
+    q = case["q"].transpose(1, 2).contiguous().transpose(1, 2)
+    assert not q.is_contiguous()
+    args = (q, case["k_cache"], case["v_cache"], case["k_block"], case["v_block"], case["context_lens"], 0.125, -1)
+    torch.library.opcheck(torch.ops.dblast.drafter_attention.default, args)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_inputs_starting_inside_their_allocation_match_the_reference(device, dtype):
+    """Views one element into a buffer (not 16-byte aligned for vector loads), as a slice of
+    a larger cache would be."""
+    case = make_case(3, 2, 4, 16, 64, 50, dtype, seed=12)
+
+    def offset_view(t):
+        buffer = torch.empty(t.numel() + 1, dtype=t.dtype, device=device)
+        view = buffer[1:].view(t.shape)
+        view.copy_(t)
+        return view
+
+    shifted = {k: offset_view(v) if v.is_floating_point() else v.to(device) for k, v in case.items()}
+    assert all(v.storage_offset() == 1 for k, v in shifted.items() if k != "context_lens")
+    out = ops.drafter_attention(**shifted)
+    exact = {k: (v.double() if v.is_floating_point() else v) for k, v in case.items()}
+    torch.testing.assert_close(out.cpu().double(), reference.drafter_attention(**exact), **TOLERANCE[dtype])
+
+
 def test_traces_under_torch_compile_fullgraph(device):
     case = to_device(make_case(3, 2, 4, 8, 64, 40, torch.float32, seed=11), device)
     compiled = torch.compile(lambda **kw: ops.drafter_attention(**kw, window=16), fullgraph=True,

@@ -64,4 +64,13 @@ void check_cuda_head_dim(const at::Tensor& q) {
   TORCH_CHECK_VALUE(supported, "q's head dim D must be one of ", c10::Join(", ", kCudaHeadDims), " on CUDA, got ", dim);
 }
 
+void check_cuda_attention_launch(const at::Tensor& q, const at::Tensor& k_cache, int64_t shared_bytes,
+                                 int64_t device_shared_limit) {
+  TORCH_CHECK_VALUE(shared_bytes <= device_shared_limit, "q's head dim D = ", q.size(3), " needs ", shared_bytes,
+                    " bytes of shared memory per block on CUDA; this GPU allows ", device_shared_limit);
+  const int64_t pairs = q.size(0) * k_cache.size(1);
+  TORCH_CHECK_VALUE(pairs <= 65535, "q's N (", q.size(0), ") x k_cache's KV heads (", k_cache.size(1), ") = ", pairs,
+                    " exceeds the 65,535 one CUDA launch takes; split the batch");
+}
+
 }  // namespace dblast

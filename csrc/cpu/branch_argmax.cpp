@@ -16,11 +16,13 @@ namespace dblast::cpu {
 namespace {
 
 // Columns per tile: the explicit byte budget, or by default 1/16 of the full float32
-// logits tensor, counting the tile of logits and any float32 copy of the weight tile.
+// logits tensor, counting the tile of logits and any float32 copy of the weight tile; at
+// least 64 (or the whole vocabulary when smaller). Zero rows need no tile: 1 column.
 int64_t tile_columns(int64_t rows, int64_t width, int64_t vocab, bool weight_is_float, int64_t tile_bytes) {
-  const int64_t budget = tile_bytes > 0 ? tile_bytes : rows * vocab * 4 / 16;
   const int64_t per_column = 4 * (rows + (weight_is_float ? 0 : width));
-  return std::clamp<int64_t>(budget / per_column, 64, vocab);
+  if (per_column == 0) return 1;
+  const int64_t budget = tile_bytes > 0 ? tile_bytes : rows * vocab * 4 / 16;
+  return std::min(vocab, std::max<int64_t>(64, budget / per_column));
 }
 
 // float32 branch states [N*K, H]: h + W h + b per branch, or h itself without an expander.

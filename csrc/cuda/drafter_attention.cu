@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -171,11 +172,24 @@ __global__ void __launch_bounds__(kDim)
   out[((n * a.heads + h * group) * a.block + m) * kDim + d] = static_cast<scalar_t>(numerator / denominator);
 }
 
+// Dynamic shared memory of attention_split_kernel: the query, key and value tiles (rows padded
+// to D + 1 floats) and the probability tile.
+constexpr int64_t split_kernel_shared_bytes(int64_t dim) {
+  return static_cast<int64_t>(sizeof(float)) * ((kQueryTile + 2 * kKeyTile) * (dim + 1) + kQueryTile * (kKeyTile + 1));
+}
+
+// The kernels read rows with 16-byte loads: a contiguous input that starts inside its
+// allocation (a storage offset) may be misaligned, so such an input is copied once.
+at::Tensor contiguous_16_byte_aligned(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+}
+
 template <typename scalar_t, int kDim>
 void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_block,
             const at::Tensor& v_block, AttentionArgs args, int64_t rows, int64_t query_tiles, at::Tensor& out,
             cudaStream_t stream) {
-  const size_t shared = sizeof(float) * ((kQueryTile + 2 * kKeyTile) * (kDim + 1) + kQueryTile * (kKeyTile + 1));
+  const size_t shared = static_cast<size_t>(split_kernel_shared_bytes(kDim));
   auto kernel = attention_split_kernel<scalar_t, kDim>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
   const dim3 grid(static_cast<unsigned>(args.splits), static_cast<unsigned>(rows * args.kv_heads),
@@ -212,18 +226,21 @@ at::Tensor drafter_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache
   check_cuda_head_dim(q);
   check_context_lens(context_lens, k_cache.size(2));
   const c10::cuda::CUDAGuard guard(q.device());
+  int device = 0, sms = 0, shared_limit = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  check_cuda_attention_launch(q, k_cache, split_kernel_shared_bytes(dim), shared_limit);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const at::Tensor qc = q.contiguous(), kc = k_cache.contiguous(), vc = v_cache.contiguous();
-  const at::Tensor kb = k_block.contiguous(), vb = v_block.contiguous(), lens = context_lens.contiguous();
+  const at::Tensor qc = contiguous_16_byte_aligned(q), kc = contiguous_16_byte_aligned(k_cache);
+  const at::Tensor vc = contiguous_16_byte_aligned(v_cache), kb = contiguous_16_byte_aligned(k_block);
+  const at::Tensor vb = contiguous_16_byte_aligned(v_block), lens = context_lens.contiguous();
   at::Tensor out = at::empty_like(qc);
   const int64_t rows = q.size(0), heads = q.size(1), block = q.size(2), kv_heads = k_cache.size(1);
   const int64_t max_len = k_cache.size(2), query_rows = (heads / kv_heads) * block;
   if (q.numel() == 0) return out;
 
   // Splits over the keys: enough blocks for two waves over the GPU, none shorter than a tile.
-  int device = 0, sms = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t query_tiles = (query_rows + kQueryTile - 1) / kQueryTile;
   const int64_t blocks_per_split = rows * kv_heads * query_tiles;
   const int64_t splits = std::clamp<int64_t>((2 * sms + blocks_per_split - 1) / blocks_per_split, 1,

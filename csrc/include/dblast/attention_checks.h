@@ -24,4 +24,9 @@ void check_context_lens(const at::Tensor& context_lens, int64_t max_len);
 inline constexpr auto kCudaHeadDims = std::to_array<int64_t>({16, 32, 64, 96, 128, 256});
 void check_cuda_head_dim(const at::Tensor& q);
 
+// What one CUDA launch can take: `shared_bytes` of shared memory per block (from q's head dim)
+// within the device's opt-in limit, and at most 65,535 (row, KV head) pairs (a grid dimension).
+void check_cuda_attention_launch(const at::Tensor& q, const at::Tensor& k_cache, int64_t shared_bytes,
+                                 int64_t device_shared_limit);
+
 }  // namespace dblast

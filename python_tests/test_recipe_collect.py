@@ -1,0 +1,69 @@
+"""recipes/smollm2/collect.py on a made-up runs folder (real `dblast eval` report files written
+from synthetic records): the issue's targets come out met, not met or pending from what the
+finished runs measured, and the tau figure is drawn."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dblast_ext.eval.report import write_report
+
+COLLECT = os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "collect.py")
+DATASETS = ("gsm8k", "mtbench", "humaneval", "math500")
+
+
+def write_run(folder, accepted_per_cycle, *, expected=None, speedup=None):
+    """A finished run: two prompts per dataset, every cycle accepting `accepted_per_cycle`
+    drafts (expected accepted `expected`); with `speedup`, target-only timings that give it."""
+    records = []
+    for dataset in DATASETS:
+        for prompt in range(2):
+            accepted = [accepted_per_cycle] * 5
+            record = dict(dataset=dataset, prompt_id=str(prompt), turn=0, accepted=accepted,
+                          expected_accepted=[expected if expected is not None else accepted_per_cycle] * 5,
+                          block_size=16, eos_terminated=True, new_tokens=1 + 5 * (accepted_per_cycle + 1),
+                          wall_time=1.0, text="", settings={})
+            if speedup is not None:  # same tokens, the target alone takes `speedup` times as long
+                record.update(ar_wall_time=speedup, ar_new_tokens=record["new_tokens"])
+            records.append(record)
+    os.makedirs(folder)
+    write_report(str(folder), records, settings={})
+
+
+def targets(out):
+    text = (out / "results.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| `dblast-k4`") or line.startswith("| its")]
+    return [row.rstrip(" |").rsplit("| ", 1)[1] for row in rows]
+
+
+def run_collect(runs, out):
+    result = subprocess.run([sys.executable, COLLECT, "--runs", str(runs), "--out", str(out)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_targets_are_met_not_met_or_pending_from_the_finished_runs(tmp_path):
+    pytest.importorskip("matplotlib")
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    write_run(runs / "accept" / "dblast-k4-T0.7", 1)              # tau 2.0 < 3.0
+    write_run(runs / "speed" / "dblast-k4-T0.7", 1, speedup=0.6)  # 0.6x < 1.8x
+    write_run(runs / "accept" / "dblast-k4-T1.0", 1, expected=0.9)
+    write_run(runs / "accept" / "dflash-k1-T1.0", 1, expected=0.5)
+    write_run(runs / "accept" / "dblast-k4-T1.5", 1, expected=0.9)  # no dflash-k1 run at 1.5 yet
+    run_collect(runs, out)
+    assert targets(out) == ["no", "no", "yes", "pending"]
+    text = (out / "results.md").read_text()
+    assert "| 2.00 [2.00, 2.00] |" in text and "| 0.60x |" in text and "0.90 vs 0.50" in text
+    assert (out / "tau.png").read_bytes().startswith(b"\x89PNG")
+
+    write_run(runs / "accept" / "dflash-k1-T1.5", 1, expected=0.95)  # the baseline is ahead at 1.5
+    run_collect(runs, out)
+    assert targets(out)[3] == "no"
+
+
+def test_a_missing_runs_folder_is_named(tmp_path):
+    result = subprocess.run([sys.executable, COLLECT, "--runs", str(tmp_path / "nowhere"), "--out",
+                             str(tmp_path / "out")], capture_output=True, text=True)
+    assert result.returncode == 2 and "--runs: no directory" in result.stderr
+    assert not (tmp_path / "out").exists()
