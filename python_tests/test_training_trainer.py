@@ -2,6 +2,7 @@
 learn) and a DFlash-format drafter: learning, exact resume, block expansion, from-scratch
 initialisation, checkpoints that load and decode, and config errors."""
 import json
+import os
 import random
 
 import pytest
@@ -16,7 +17,8 @@ from dblast_ext.eval.datasets import load_prompts  # noqa: E402
 from dblast_ext.target_loading import load_target  # noqa: E402
 from dblast_ext.training.config import TrainConfig, load_config, validate  # noqa: E402
 from dblast_ext.training.data import generate_training_data  # noqa: E402
-from dblast_ext.training.trainer import default_target_layers, position_weights, train  # noqa: E402
+from dblast_ext.training.trainer import (STATE_FILE, _Distributed, default_target_layers, lr_factor,  # noqa: E402
+                                         position_weights, train)
 from tiny_models import write_dflash_checkpoint, write_tiny_target_dir  # noqa: E402
 
 SAMPLING = SamplingParams(0.7, 20, 0.8)  # the DBLast data setting
@@ -92,6 +94,33 @@ def test_an_interrupted_run_resumes_to_the_same_state(world):
     b = load_drafter(resumed["final"]).state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [h["loss"] for h in whole["history"][8:]] == [h["loss"] for h in resumed["history"]]
+
+
+def test_the_log_gives_each_steps_learning_rate_and_checkpoints_are_whole(world):
+    c = config(world, "lr-log", max_steps=10, save_every=5, warmup_ratio=0.3)
+    result = train(c, progress=False)
+    warmup = int(0.3 * 10)
+    expected = [c.lr * lr_factor(step, 10, warmup) for step in range(10)]  # step 1 uses the rate of s = 0
+    assert [h["lr"] for h in result["history"]] == pytest.approx(expected)
+    for step in (5, 10):
+        folder = os.path.join(c.out, f"checkpoint-{step:07d}")
+        assert os.path.isfile(os.path.join(folder, STATE_FILE))
+        assert not [f for f in os.listdir(folder) if f.endswith(".partial")]
+
+
+def test_every_rank_reduces_every_gradient(monkeypatch):
+    """A rank whose micro-batches held no valid block has no gradient for some parameters; it
+    must still take part in each all_reduce, or the ranks' collectives fall out of step."""
+    reduced = []
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor: reduced.append(tensor) or tensor.mul_(2))
+    parallel = _Distributed("cpu")
+    parallel.world = 2
+    used, unused, frozen = (torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2)),
+                            torch.nn.Parameter(torch.ones(1), requires_grad=False))
+    used.grad = torch.full((3,), 4.0)
+    parallel.average_gradients([used, unused, frozen])
+    assert len(reduced) == 2 and frozen.grad is None
+    assert torch.equal(used.grad, torch.full((3,), 4.0)) and torch.equal(unused.grad, torch.zeros(2))
 
 
 def test_a_checkpoint_loads_and_decodes_like_the_target(world):

@@ -130,9 +130,12 @@ class _Distributed:
         if self.world == 1:
             return
         for p in parameters:
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= self.world
+            if not p.requires_grad:
+                continue
+            if p.grad is None:  # no valid block on this rank this step: every rank reduces the same tensors
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+            p.grad /= self.world
 
     def barrier(self) -> None:
         if self.world > 1:
@@ -178,7 +181,7 @@ def evaluate(drafter, target, records, config, weights, device, cache: Optional[
         -> Dict[str, float]:
     """Mean loss and acceptance proxy over held-out records (fixed anchors)."""
     totals, blocks = {"loss": 0.0, "accepted_proxy": 0.0}, 0
-    with torch.no_grad():
+    with torch.no_grad(), training_autocast(config, device):  # the same precision as the training loss
         for start in range(0, len(records), config.batch_size):
             indices = list(range(start, min(start + config.batch_size, len(records))))
             batch = collate([records[i] for i in indices], device)
@@ -252,10 +255,11 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
             proxy_sum += float(out["accepted_proxy"]) / config.grad_accum
         parallel.average_gradients(drafter.parameters())
         grad_norm = float(torch.nn.utils.clip_grad_norm_(drafter.parameters(), config.max_grad_norm))
+        lr = scheduler.get_last_lr()[0]  # the rate this step uses (scheduler.step() moves to the next)
         optimizer.step()
         scheduler.step()
         entry = {"step": step + 1, "loss": loss_sum, "accepted_proxy": proxy_sum, "grad_norm": grad_norm,
-                 "lr": scheduler.get_last_lr()[0], "seconds": time.perf_counter() - started}
+                 "lr": lr, "seconds": time.perf_counter() - started}
         history.append(entry)
         bar.update(1)
         bar.set_postfix(loss=f"{loss_sum:.3f}", accept=f"{proxy_sum:.2f}", lr=f"{entry['lr']:.1e}")
@@ -282,8 +286,11 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
 def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out) -> str:
     path = os.path.join(config.out, f"checkpoint-{step:07d}")
     save_pretrained(drafter, path)
+    # the state file marks a complete checkpoint (latest_checkpoint looks for it): written whole or not at all
+    partial = os.path.join(path, STATE_FILE + ".partial")
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "config": config.to_json(), "held_out": held_out}, os.path.join(path, STATE_FILE))
+                "config": config.to_json(), "held_out": held_out}, partial)
+    os.replace(partial, os.path.join(path, STATE_FILE))
     if held_out is not None:
         with open(os.path.join(config.out, "eval_log.jsonl"), "a") as f:
             f.write(json.dumps({"step": step, **held_out}) + "\n")
