@@ -4,9 +4,11 @@ autocast option trains on the CPU."""
 import json
 import os
 import random
+import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 pytest.importorskip("transformers")
 
@@ -75,6 +77,26 @@ def test_cache_is_reused_and_rebuilt_when_the_data_changes(world, tmp_path):
                                        progress=False)
     assert other.path != first.path
     assert not torch.allclose(other.record(0), first.record(0))
+
+
+def test_new_target_weights_in_the_same_directory_rebuild_the_cache(world, tmp_path):
+    _, target_dir, data = world
+    target_copy = tmp_path / "target"
+    shutil.copytree(target_dir, target_copy)
+    model, _ = load_target(str(target_copy), device="cpu")
+    records = read_training_data(data)
+    first = FeatureCache.open_or_build(str(tmp_path / "cache"), records, data, str(target_copy),
+                                       TargetAdapter(model, [1]), progress=False)
+    stamp = os.stat(first.path).st_mtime_ns
+    # retrained weights saved over the old ones (same path and file names)
+    weights = next(f for f in os.listdir(target_copy) if f.endswith(".safetensors"))
+    state = load_file(str(target_copy / weights))
+    save_file({k: v * 1.5 for k, v in state.items()}, str(target_copy / weights), metadata={"format": "pt"})
+    model, _ = load_target(str(target_copy), device="cpu")
+    rebuilt = FeatureCache.open_or_build(str(tmp_path / "cache"), records, data, str(target_copy),
+                                         TargetAdapter(model, [1]), progress=False)
+    assert os.stat(rebuilt.path).st_mtime_ns != stamp
+    assert not torch.allclose(rebuilt.record(0), first.record(0))
 
 
 def _config(world, out, **overrides):

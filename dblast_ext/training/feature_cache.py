@@ -32,10 +32,20 @@ def _file_digest(path: str) -> str:
     return digest.hexdigest()
 
 
+def _target_fingerprint(target_name: str) -> str:
+    """Size and modification time of each file of a local target directory: new weights in
+    the same directory make another cache (hashing gigabytes of weights per run would not pay)."""
+    if not os.path.isdir(target_name):
+        return ""
+    files = sorted(f for f in os.listdir(target_name) if os.path.isfile(os.path.join(target_name, f)))
+    stats = [(f, os.stat(os.path.join(target_name, f))) for f in files]
+    return ";".join(f"{f}:{st.st_size}:{st.st_mtime_ns}" for f, st in stats)
+
+
 def cache_key(data_path: str, target_name: str, layer_ids: Sequence[int], dtype: torch.dtype) -> dict:
     """What a cache file must have been made from to be read (its safetensors metadata)."""
     return {"data_sha256": _file_digest(data_path), "target": os.path.abspath(target_name)
-            if os.path.isdir(target_name) else target_name,
+            if os.path.isdir(target_name) else target_name, "target_files": _target_fingerprint(target_name),
             "layer_ids": ",".join(str(int(i)) for i in layer_ids), "dtype": str(dtype).replace("torch.", "")}
 
 
