@@ -96,6 +96,16 @@ def test_an_interrupted_run_resumes_to_the_same_state(world):
     assert [h["loss"] for h in whole["history"][8:]] == [h["loss"] for h in resumed["history"]]
 
 
+def test_a_resume_refuses_other_training_data_at_the_same_path(world, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text(open(world[3]["train"]).read())
+    c = config(world, "resume-data", data=str(data), max_steps=8, save_every=4)
+    assert train(c, progress=False, stop_at_step=4)["steps"] == 4
+    data.write_text("".join(open(world[3]["train"]).readlines()[:-3]))  # regenerated: fewer records
+    with pytest.raises(ValueError, match="another data_sha256"):
+        train(c, progress=False)
+
+
 def test_the_log_gives_each_steps_learning_rate_and_checkpoints_are_whole(world):
     c = config(world, "lr-log", max_steps=10, save_every=5, warmup_ratio=0.3)
     result = train(c, progress=False)

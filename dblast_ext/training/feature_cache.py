@@ -24,7 +24,8 @@ from ..progress import progress_bar
 __all__ = ["FeatureCache", "cache_key"]
 
 
-def _file_digest(path: str) -> str:
+def file_digest(path: str) -> str:
+    """sha256 of a file's bytes."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for piece in iter(lambda: f.read(1 << 20), b""):
@@ -44,7 +45,7 @@ def _target_fingerprint(target_name: str) -> str:
 
 def cache_key(data_path: str, target_name: str, layer_ids: Sequence[int], dtype: torch.dtype) -> dict:
     """What a cache file must have been made from to be read (its safetensors metadata)."""
-    return {"data_sha256": _file_digest(data_path), "target": os.path.abspath(target_name)
+    return {"data_sha256": file_digest(data_path), "target": os.path.abspath(target_name)
             if os.path.isdir(target_name) else target_name, "target_files": _target_fingerprint(target_name),
             "layer_ids": ",".join(str(int(i)) for i in layer_ids), "dtype": str(dtype).replace("torch.", "")}
 

@@ -28,7 +28,7 @@ from ..progress import progress_bar
 from ..target_loading import default_device, load_target
 from .config import TrainConfig
 from .data import read_training_data
-from .feature_cache import FeatureCache
+from .feature_cache import FeatureCache, file_digest
 from .losses import decay_weights, flat_step_weights
 from .objective import batch_loss, collate
 
@@ -231,6 +231,13 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
         state = torch.load(os.path.join(resume_from, STATE_FILE), map_location=device, weights_only=False)
         if state["config"] != config.to_json():
             raise ValueError(f"{config.out} holds a run with another config; use another out directory")
+        # the data order and anchors follow from the records and the world size as well as the config
+        run = {"data_sha256": file_digest(config.data), "world_size": parallel.world}
+        changed = [k for k, v in run.items() if k in state and state[k] != v]
+        if changed:
+            raise ValueError(f"{config.out} holds a run made with another {' and '.join(changed)} "
+                             f"({', '.join(f'{k} {state[k]} -> {run[k]}' for k in changed)}); "
+                             "use another out directory")
         drafter.load_state_dict(load_file(os.path.join(resume_from, "model.safetensors"), device=str(device)))
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -271,7 +278,7 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
             if parallel.rank == 0:
                 held_out = (evaluate(drafter, target, eval_records, config, weights, device, eval_cache)
                             if eval_records else None)
-                save_checkpoint(drafter, optimizer, scheduler, config, step + 1, held_out)
+                save_checkpoint(drafter, optimizer, scheduler, config, step + 1, held_out, world_size=parallel.world)
             parallel.barrier()
         if stop_at_step is not None and step + 1 == stop_at_step:
             break
@@ -283,13 +290,14 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
             "final": os.path.join(config.out, "final") if finished == total else None}
 
 
-def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out) -> str:
+def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out, world_size: int = 1) -> str:
     path = os.path.join(config.out, f"checkpoint-{step:07d}")
     save_pretrained(drafter, path)
     # the state file marks a complete checkpoint (latest_checkpoint looks for it): written whole or not at all
     partial = os.path.join(path, STATE_FILE + ".partial")
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "config": config.to_json(), "held_out": held_out}, partial)
+                "config": config.to_json(), "held_out": held_out, "data_sha256": file_digest(config.data),
+                "world_size": world_size}, partial)
     os.replace(partial, os.path.join(path, STATE_FILE))
     if held_out is not None:
         with open(os.path.join(config.out, "eval_log.jsonl"), "a") as f:
