@@ -154,6 +154,14 @@ def test_block_expansion_trains_the_new_positions_with_the_flat_step(world):
         train(config(world, "shrink", block_size=3, max_steps=2), progress=False)
 
 
+def test_an_expansion_without_the_tail_weight_says_so(world, capsys):
+    train(config(world, "expand-flat", block_size=6, max_steps=2, save_every=2), progress=False)
+    assert "block 4 -> 6 with the new positions weighted like the others" in capsys.readouterr().err
+    train(config(world, "expand-weighted", block_size=6, new_position_weight=3.0, max_steps=2, save_every=2),
+          progress=False)
+    assert "weighted like the others" not in capsys.readouterr().err
+
+
 def test_from_scratch_initialisation(world):
     c = config(world, "scratch", init_from=None, drafter={"num_hidden_layers": 1, "mask_token_id": 97}, max_steps=4,
                save_every=4)

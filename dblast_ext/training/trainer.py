@@ -13,6 +13,7 @@ import glob
 import json
 import math
 import os
+import sys
 import time
 import zlib
 from typing import Dict, List, Optional
@@ -218,6 +219,11 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
             eval_cache = FeatureCache.open_or_build(config.feature_cache, eval_records, config.eval_data,
                                                     config.target, target, **build)
     weights = position_weights(config, drafter.config.block_size - 1, trained_block)
+    if (trained_block is not None and drafter.config.block_size > trained_block and config.new_position_weight == 1.0
+            and parallel.rank == 0):
+        print(f"training: block {trained_block} -> {drafter.config.block_size} with the new positions weighted like "
+              "the others (new_position_weight 1.0); DBloom weights them 3x (new_position_weight: 3.0)",
+              file=sys.stderr)
     if weights is not None:
         weights = weights.to(device)
     per_step = config.batch_size * config.grad_accum * parallel.world
