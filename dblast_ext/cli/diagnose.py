@@ -23,7 +23,7 @@ import torch
 from ..decoding import TargetAdapter
 from ..eval.datasets import chat_messages
 from ..eval.determinism import bin_by_determinism, early_determinism
-from ..eval.metrics import expansion_decomposition, first_draft_accepted, kept_records, summarize
+from ..eval.metrics import expansion_decomposition, first_draft_accepted, kept_records
 from ..eval.oracle import oracle_records
 from ..eval.records import read_run_records
 from ..eval.report import PLOTS_SKIPPED, plot_histograms, pyplot, summarize_run
@@ -113,17 +113,16 @@ def run_expansion(args) -> int:
         runs[label], _ = generate_records(args, decoder, tokenizer, prompts,
                                           os.path.join(args.out, f"records_block{block}.jsonl"),
                                           args.category_temperature)
-    rows, skipped = [], {}
+    # a dataset either run cannot summarise (e.g. no response ended with EOS) is reported, not fatal
+    results = [summarize_run(runs[k], eos_only=not args.all_responses, n_boot=1) for k in ("trained", "wider")]
+    rows = []
     for name in sorted({p.dataset for p in prompts}):
-        try:
-            hists = [summarize([r for r in runs[k] if r["dataset"] == name], eos_only=not args.all_responses,
-                               n_boot=1)["histogram"] for k in ("trained", "wider")]
-        except ValueError as e:  # e.g. no response of this dataset ended with EOS: say so, go on
-            skipped[name] = str(e)
+        why = next((r["skipped"][name] for r in results if name in r["skipped"]), None)
+        if why is not None:
+            print(f"expansion: {name} not summarised: {why}", file=sys.stderr)
             continue
+        hists = [r["datasets"][name]["histogram"] for r in results]
         rows.append(dict(dataset=name, **expansion_decomposition(hists[0], hists[1], trained)))
-    for name, why in skipped.items():
-        print(f"expansion: {name} not summarised: {why}", file=sys.stderr)
     with open(os.path.join(args.out, "expansion.json"), "w") as f:
         json.dump({"trained_block_size": trained, "block_size": wider, "datasets": rows}, f, indent=2)
     lines = [f"Naive expansion from block {trained} to {wider} (DBloom Eq 4-5): E[n] change = G - L.", "",

@@ -231,18 +231,18 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
     warmup = int(config.warmup_ratio * total)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, warmup))
+    # the data order and anchors follow from the records and the world size as well as the config
+    identity = {"data_sha256": file_digest(config.data), "world_size": parallel.world}
     start = 0
     resume_from = latest_checkpoint(config.out)
     if resume_from:
         state = torch.load(os.path.join(resume_from, STATE_FILE), map_location=device, weights_only=False)
         if state["config"] != config.to_json():
             raise ValueError(f"{config.out} holds a run with another config; use another out directory")
-        # the data order and anchors follow from the records and the world size as well as the config
-        run = {"data_sha256": file_digest(config.data), "world_size": parallel.world}
-        changed = [k for k, v in run.items() if k in state and state[k] != v]
+        changed = [k for k, v in identity.items() if k in state and state[k] != v]
         if changed:
             raise ValueError(f"{config.out} holds a run made with another {' and '.join(changed)} "
-                             f"({', '.join(f'{k} {state[k]} -> {run[k]}' for k in changed)}); "
+                             f"({', '.join(f'{k} {state[k]} -> {identity[k]}' for k in changed)}); "
                              "use another out directory")
         drafter.load_state_dict(load_file(os.path.join(resume_from, "model.safetensors"), device=str(device)))
         optimizer.load_state_dict(state["optimizer"])
@@ -284,7 +284,7 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
             if parallel.rank == 0:
                 held_out = (evaluate(drafter, target, eval_records, config, weights, device, eval_cache)
                             if eval_records else None)
-                save_checkpoint(drafter, optimizer, scheduler, config, step + 1, held_out, world_size=parallel.world)
+                save_checkpoint(drafter, optimizer, scheduler, config, step + 1, held_out, identity)
             parallel.barrier()
         if stop_at_step is not None and step + 1 == stop_at_step:
             break
@@ -296,14 +296,14 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
             "final": os.path.join(config.out, "final") if finished == total else None}
 
 
-def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out, world_size: int = 1) -> str:
+def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out, identity: Dict) -> str:
+    """`identity`: what else a resume must match (the data file's digest, the world size)."""
     path = os.path.join(config.out, f"checkpoint-{step:07d}")
     save_pretrained(drafter, path)
     # the state file marks a complete checkpoint (latest_checkpoint looks for it): written whole or not at all
     partial = os.path.join(path, STATE_FILE + ".partial")
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "config": config.to_json(), "held_out": held_out, "data_sha256": file_digest(config.data),
-                "world_size": world_size}, partial)
+                "config": config.to_json(), "held_out": held_out, **identity}, partial)
     os.replace(partial, os.path.join(path, STATE_FILE))
     if held_out is not None:
         with open(os.path.join(config.out, "eval_log.jsonl"), "a") as f:
