@@ -15,7 +15,10 @@ DATASETS = ("gsm8k", "mtbench", "humaneval", "math500")
 
 def write_run(folder, accepted_per_cycle, *, expected=None, speedup=None):
     """A finished run: two prompts per dataset, every cycle accepting `accepted_per_cycle`
-    drafts (expected accepted `expected`); with `speedup`, target-only timings that give it."""
+    drafts (expected accepted `expected`); with `speedup`, target-only timings that give it.
+    Its settings: the temperature in the folder name (`<arm>-T<t>`), top-p 0.8 at 0.7, else 0.95."""
+    temperature = float(folder.name.rsplit("-T", 1)[1])
+    settings = dict(temperature=temperature, top_p=0.8 if temperature == 0.7 else 0.95, top_k=20)
     records = []
     for dataset in DATASETS:
         for prompt in range(2):
@@ -23,12 +26,12 @@ def write_run(folder, accepted_per_cycle, *, expected=None, speedup=None):
             record = dict(dataset=dataset, prompt_id=str(prompt), turn=0, accepted=accepted,
                           expected_accepted=[expected if expected is not None else accepted_per_cycle] * 5,
                           block_size=16, eos_terminated=True, new_tokens=1 + 5 * (accepted_per_cycle + 1),
-                          wall_time=1.0, text="", settings={})
+                          wall_time=1.0, text="", settings=settings)
             if speedup is not None:  # same tokens, the target alone takes `speedup` times as long
                 record.update(ar_wall_time=speedup, ar_new_tokens=record["new_tokens"])
             records.append(record)
     os.makedirs(folder)
-    write_report(str(folder), records, settings={})
+    write_report(str(folder), records, settings=settings)
 
 
 def targets(out):
@@ -55,6 +58,10 @@ def test_targets_are_met_not_met_or_pending_from_the_finished_runs(tmp_path):
     assert targets(out) == ["no", "no", "yes", "pending"]
     text = (out / "results.md").read_text()
     assert "| 2.00 [2.00, 2.00] |" in text and "| 0.60x |" in text and "0.90 vs 0.50" in text
+    # each temperature's filter as its runs recorded it, temperatures in numeric order
+    table = text.split("## Acceptance")[1].split("## Per dataset")[0]
+    rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith(("| 0", "| 1"))]
+    assert rows == ["| 0.7 (top-p 0.8)", "| 1.0 (top-p 0.95)", "| 1.0 (top-p 0.95)", "| 1.5 (top-p 0.95)"]
     assert (out / "tau.png").read_bytes().startswith(b"\x89PNG")
 
     write_run(runs / "accept" / "dflash-k1-T1.5", 1, expected=0.95)  # the baseline is ahead at 1.5

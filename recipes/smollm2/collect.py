@@ -15,9 +15,7 @@ from dblast_ext.eval.metrics import first_draft_accepted
 from dblast_ext.eval.records import read_run_records
 from dblast_ext.eval.report import pyplot, summarize_run
 
-ARMS = ("dflash-k1", "dblast-k4")
-TEMPERATURES = ("0", "0.7", "1.0", "1.5")
-FILTERS = {"0": "greedy", "0.7": "top-p 0.8", "1.0": "top-p 0.95", "1.5": "top-p 0.95"}
+ARMS = ("dflash-k1", "dblast-k4")  # table order; the runs' own names say which exist
 DATASETS = ("gsm8k", "mtbench", "humaneval", "math500")
 
 
@@ -26,6 +24,21 @@ def load(path):
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def temperatures_run(runs):
+    """The temperatures eval.sh ran (from its run folders `accept/<arm>-T<t>`, `oracle/T<t>`),
+    lowest first, as written in the folder names."""
+    names = [os.path.basename(p).rsplit("-T", 1)[-1] for p in glob.glob(os.path.join(runs, "accept", "*-T*"))]
+    names += [os.path.basename(p)[1:] for p in glob.glob(os.path.join(runs, "oracle", "T*"))]
+    return sorted(set(names), key=float)
+
+
+def filter_label(settings):
+    """How a run's target filter reads in a table ("greedy", "top-p 0.8"), from the settings it recorded."""
+    if settings["temperature"] == 0:
+        return "greedy"
+    return f"top-p {settings['top_p']:g}" if settings.get("top_p", 1.0) < 1 else "no top-p"
 
 
 def fmt(value, digits=2):
@@ -56,14 +69,15 @@ def copy_run(src, dst, runs_root):
                 shutil.copyfile(path, target)
 
 
-def plot_tau(path, shown, oracles) -> bool:
+def plot_tau(path, shown, oracles, filters) -> bool:
     """tau [95% CI] per dataset, one panel per temperature: the drafters side by side and the
-    top-token oracle as an outline. False (no file) without matplotlib or runs."""
+    top-token oracle as an outline (`filters`: T -> its filter's label). False (no file) without
+    matplotlib or runs."""
     try:
         plt = pyplot()
     except ImportError:
         return False
-    temperatures = [t for t in TEMPERATURES if t in oracles or any(key[1] == t for key in shown)]
+    temperatures = [t for t in sorted(filters, key=float) if t in oracles or any(key[1] == t for key in shown)]
     if not temperatures:
         return False
     fig, axes = plt.subplots(1, len(temperatures), figsize=(4.2 * len(temperatures), 3.6), sharey=True,
@@ -83,7 +97,7 @@ def plot_tau(path, shown, oracles) -> bool:
             ax.bar(xs, taus, width, yerr=errors, capsize=2, label=label, fill=not oracle, color=color,
                    edgecolor="#555555" if oracle else None)
         ax.set_xticks(range(len(DATASETS)), DATASETS)
-        ax.set_title(f"T {t} ({FILTERS[t]})")
+        ax.set_title(f"T {t} ({filters[t]})")
         ax.axhline(1.0, color="#999999", linewidth=0.8)
     axes[0][0].set_ylabel("tau (tokens per target pass)")
     legend = {}
@@ -135,7 +149,9 @@ def main() -> None:
     main_rows, detail_rows = [], []
     finished, speeds = {}, {}  # (arm, temperature) -> summary of a finished acceptance / speed run
     shown, oracles = {}, {}  # (label, temperature) -> per-dataset summaries in the table; T -> oracle's
-    for t in TEMPERATURES:
+    temperatures = temperatures_run(args.runs)
+    filters = {}  # T -> its filter, as the runs recorded it
+    for t in temperatures:
         for arm in ARMS:
             accept_dir = os.path.join(args.runs, "accept", f"{arm}-T{t}")
             speed_dir = os.path.join(args.runs, "speed", f"{arm}-T{t}")
@@ -143,7 +159,10 @@ def main() -> None:
             finished[arm, t], speeds[arm, t] = accept, speed
             partial = accept is None and args.partial and os.path.exists(os.path.join(accept_dir, "records.jsonl"))
             if partial:
-                accept = summarize_run(read_run_records(accept_dir, live=True))
+                records = read_run_records(accept_dir, live=True)
+                if not records:
+                    continue
+                accept = dict(summarize_run(records), settings=records[0]["settings"])
             elif accept is None:
                 continue
             else:
@@ -153,13 +172,14 @@ def main() -> None:
             calibration = load(os.path.join(accept_dir, "calibration", "calibration.json"))
             zt = fmt(calibration["best"], 1) if calibration else "-"
             per = accept["datasets"]
+            filters[t] = filter_label(accept["settings"])
             speedups = {d: speed["datasets"].get(d, {}).get("speedup") for d in DATASETS} if speed else {}
             complete = set(DATASETS) <= set(per)  # means over fewer datasets would not compare
             ceiling = [per[d]["ceiling_fraction"] for d in DATASETS] if complete else []
             label = f"{arm} (partial)" if partial else arm
             shown[label, t] = per
             main_rows.append(
-                f"| {t} ({FILTERS[t]}) | {label} | {zt} | " + " | ".join(tau_cell(per.get(d)) for d in DATASETS)
+                f"| {t} ({filters[t]}) | {label} | {zt} | " + " | ".join(tau_cell(per.get(d)) for d in DATASETS)
                 + f" | {fmt(accept['macro']['expected_accepted'] if complete else None)} | "
                 + (f"{100 * sum(ceiling) / len(ceiling):.1f}% | " if ceiling else "- | ")
                 + fmt(speedups.get("gsm8k")) + ("x" if speedups.get("gsm8k") else "")
@@ -191,15 +211,16 @@ def main() -> None:
     block_header = ("| drafter | inference block | tau [95% CI] | expected accepted | speed-up | prompts |\n"
                     "| --- | ---: | ---: | ---: | ---: | ---: |")
     oracle_rows = []
-    for t in TEMPERATURES[1:]:  # greedy decoding always matches its top token: the oracle is at the ceiling
+    for t in temperatures:  # eval.sh runs no greedy oracle: greedy decoding always drafts the top token
         oracle_dir = os.path.join(args.runs, "oracle", f"T{t}")
         oracle = load(os.path.join(oracle_dir, "oracle.json"))
         if oracle is None:
             continue
+        filters[t] = filter_label(oracle["settings"])
         copy_run(oracle_dir, os.path.join(args.out, f"oracle-T{t}"), args.runs)
         per = oracles[t] = oracle["datasets"]
         top = [per[d]["top_probability"] for d in DATASETS if per.get(d, {}).get("top_probability") is not None]
-        oracle_rows.append(f"| {t} ({FILTERS[t]}) | " + " | ".join(
+        oracle_rows.append(f"| {t} ({filters[t]}) | " + " | ".join(
                                tau_cell(per[d]) + f" ({100 * first_draft_accepted(per[d]):.0f}%)" if d in per else "-"
                                for d in DATASETS)
                            + f" | {fmt(sum(top) / len(top) if top else None, 3)} | "
@@ -214,7 +235,7 @@ def main() -> None:
     main_rows, detail_rows, block_rows, oracle_rows = (
         rows or [missing] for rows in (main_rows, detail_rows, block_rows, oracle_rows))
     targets = target_rows(finished, speeds)
-    plotted = plot_tau(os.path.join(args.out, "tau.png"), shown, oracles)
+    plotted = plot_tau(os.path.join(args.out, "tau.png"), shown, oracles, filters)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write("# SmolLM2-135M-Instruct with the embedded drafters\n\n## Issue 8's targets\n\n" + targets
                 + "\n\n## Acceptance and speed-up\n\n" + ("![tau per dataset](tau.png)\n\n" if plotted else "")
