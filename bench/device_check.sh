@@ -32,13 +32,14 @@ fi
 "$PY" -c "import dblast_ext; print(dblast_ext.build_info())" | tee -a "$OUT/machine.txt"
 
 stamp tests
-# the CUDA variants only (test ids with "cuda"): CI runs everything else on every submission.
+# the CUDA variants only (test ids with "cuda", and the mixed-device error tests, whose ids name
+# the argument instead): CI runs everything else on every submission.
 # With pytest-xdist the tests run in worker processes, so a crashing test is reported as a
 # failure instead of ending the whole run.
 PARALLEL=()
 if "$PY" -c "import xdist" 2>/dev/null; then PARALLEL=(-n 8); fi
 timeout 180 "$PY" -m pytest python_tests -q -p no:cacheprovider -rfE --tb=short --durations=8 "${PARALLEL[@]}" \
-  --continue-on-collection-errors -k cuda > "$OUT/tests.log" 2>&1 || status=1
+  --continue-on-collection-errors -k "cuda or mixed_devices" > "$OUT/tests.log" 2>&1 || status=1
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -40
 tail -15 "$OUT/tests.log"
 

@@ -40,11 +40,12 @@ TORCH_LIBRARY(dblast, m) {
   m.def(
       "branch_argmax(Tensor hidden, Tensor lm_head_weight, Tensor? expander_weight, Tensor? expander_bias, "
       "int vocab_size, int tile_bytes) -> (Tensor, Tensor, Tensor)");
-  // Drafter block attention: the block's queries attend, without a mask, to the row's cached
-  // context keys (optionally only the last `window`) and to the block's own keys.
+  // Drafter block attention: the block's queries attend to the row's cached context keys and
+  // to the block's own keys; a sliding `window` and `causal` order within the block restrict
+  // which (dblast/attention_window.h).
   m.def(
       "drafter_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_block, Tensor v_block, "
-      "Tensor context_lens, float scale, int window) -> Tensor");
+      "Tensor context_lens, float scale, int window, bool causal) -> Tensor");
 }
 
 }  // namespace dblast

@@ -7,8 +7,11 @@ post_attention_layernorm, mlp.{gate,up,down}_proj}`, `norm`; DBLast adds `branch
 
 Attention: queries come from the block only; keys/values are the drafter's projections of
 the context features (every token before the block, cached across cycles) followed by the
-block's own; no mask; absolute RoPE positions. The context features enter every layer's
-k/v projections directly (after `fc` and `hidden_norm`), not through the layer norms.
+block's own; absolute RoPE positions. Full-attention layers have no mask; DFlash's
+sliding-attention layers are causal within the block and see keys less than `sliding_window`
+positions away (`is_causal` overrides the causal part for every layer). The context features
+enter every layer's k/v projections directly (after `fc` and `hidden_norm`), not through the
+layer norms. The block embeddings are the target's, times `input_embedding_scale`.
 """
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -37,13 +40,22 @@ class DrafterConfig:
     attention_bias: bool = False
     layer_types: Optional[List[str]] = None  # "full_attention" / "sliding_attention" per layer
     sliding_window: Optional[int] = None
+    is_causal: Optional[bool] = None  # every layer causal (True) or not (False); None: sliding layers only
+    input_embedding_scale: float = 1.0  # block embeddings = target embeddings x this
     num_branches: int = 1
     extra: dict = field(default_factory=dict)  # other config.json fields, written back unchanged
 
+    def sliding(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
+
     def window(self, layer: int) -> int:
-        if self.layer_types and self.layer_types[layer] == "sliding_attention":
-            return int(self.sliding_window)
-        return -1
+        """The layer's sliding window (keys less than this many positions away), -1 for none."""
+        return int(self.sliding_window) if self.sliding(layer) else -1
+
+    def causal(self, layer: int) -> bool:
+        """Whether the layer's block queries see only block keys at or before them (DFlash: its
+        sliding layers, unless `is_causal` says otherwise for every layer)."""
+        return self.sliding(layer) if self.is_causal is None else bool(self.is_causal)
 
 
 class RMSNorm(nn.Module):
@@ -161,6 +173,12 @@ class DBlastDrafter(nn.Module):
     def num_branches(self) -> int:
         return self.config.num_branches
 
+    def scale_embeddings(self, block_embeddings: torch.Tensor) -> torch.Tensor:
+        """The target's embeddings of the block tokens as the drafter reads them (DFlash's
+        `input_embedding_scale`)."""
+        scale = self.config.input_embedding_scale
+        return block_embeddings if scale == 1.0 else block_embeddings * scale
+
     def context_features(self, hidden_states) -> torch.Tensor:
         """concat(hidden_states[l + 1] for l in target_layer_ids): index 0 is the embedding output."""
         return torch.cat([hidden_states[l + 1] for l in self.config.target_layer_ids], dim=-1)
@@ -180,7 +198,7 @@ class DBlastDrafter(nn.Module):
             raise ValueError(f"drafter cache holds {cache.capacity} tokens; {cache.length + new} needed")
         start = cache.length
         dtype = self.fc.weight.dtype  # the target may run in another precision
-        block_embeddings = block_embeddings.to(dtype)
+        block_embeddings = self.scale_embeddings(block_embeddings.to(dtype))
         context = self.hidden_norm(self.fc(context_features.to(dtype)))
         device = block_embeddings.device
         ctx_pos = torch.arange(start, start + new, device=device).expand(rows, new)
@@ -200,7 +218,8 @@ class DBlastDrafter(nn.Module):
             x = layer.input_layernorm(h)
             q = attn.project_queries(x, blk_rope)
             k_blk, v_blk = attn.project_keys_values(x, blk_rope)
-            out = attention(q, cache.keys[i], cache.values[i], k_blk, v_blk, lens, window=c.window(i))
+            out = attention(q, cache.keys[i], cache.values[i], k_blk, v_blk, lens, window=c.window(i),
+                            causal=c.causal(i))
             h = h + attn.o_proj(out.transpose(1, 2).reshape(rows, block, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         cache.length = start + new

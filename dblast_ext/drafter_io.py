@@ -13,34 +13,82 @@ from .drafter import DBlastDrafter, DrafterConfig
 
 _KNOWN = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
           "head_dim", "block_size", "num_target_layers", "dflash_config", "dblast_config", "vocab_size",
-          "rms_norm_eps", "rope_theta", "attention_bias", "layer_types", "sliding_window"}
+          "rms_norm_eps", "rope_theta", "attention_bias", "layer_types", "sliding_window", "is_causal"}
+# DFlash settings read from `dflash_config` first, then the top level (as DFlash's own loader does).
+_DRAFT_KEYS = ("mask_token_id", "target_layer_ids", "block_size", "input_embedding_scale")
+# Settings that change the drafter's math in some DFlash variant and that this drafter does not
+# implement: refused rather than ignored. Value = what a checkpoint may hold and still load.
+_UNSUPPORTED = {"output_multiplier": 1.0, "final_logit_softcapping": None, "conv_kernel_size": None,
+                "selector_rank": None, "use_swa": None, "swa_window_size": None, "causal": None}
+
+
+def _draft_value(raw: dict, name: str, default=None):
+    nested = raw.get("dflash_config") or {}
+    return nested[name] if name in nested else raw.get(name, default)
+
+
+def _rope_theta(raw: dict) -> float:
+    """The RoPE base: `rope_theta` (transformers 4) or `rope_parameters.rope_theta` (5); plain
+    RoPE only (a scaled variant would move every position without an error)."""
+    parameters = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or {}
+    for key, rope in (("rope_scaling", scaling), ("rope_parameters", parameters)):
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if rope and kind != "default":
+            raise ValueError(f"drafter config.json {key} {rope} is not supported by this drafter (plain RoPE only)")
+    theta = raw.get("rope_theta", parameters.get("rope_theta"))
+    return float(theta) if theta is not None else 1e6
 
 
 def config_from_json(raw: dict) -> DrafterConfig:
     missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                           "block_size", "num_target_layers", "dflash_config", "vocab_size") if k not in raw]
+                           "vocab_size") if k not in raw]
+    missing += [k for k in ("mask_token_id", "target_layer_ids") if _draft_value(raw, k) is None]
     if missing:
-        raise ValueError(f"drafter config.json lacks {missing}: not a DFlash/DBLast checkpoint")
-    if raw.get("rope_scaling"):
-        raise ValueError(f"rope_scaling {raw['rope_scaling']} is not supported by this drafter (plain RoPE only)")
-    dflash = raw["dflash_config"]
-    for key in ("mask_token_id", "target_layer_ids"):
-        if key not in dflash:
-            raise ValueError(f"drafter config.json dflash_config lacks {key!r}")
+        raise ValueError(f"drafter config.json lacks {missing} (at the top level or in dflash_config): not a "
+                         f"DFlash/DBLast checkpoint")
+    for key, allowed in _UNSUPPORTED.items():
+        value = _draft_value(raw, key, allowed)
+        if value != allowed and not (key == "final_logit_softcapping" and not value):
+            raise ValueError(f"drafter config.json {key} = {value!r}: this DFlash variant is not supported "
+                             f"(the drafter implements DFlash's Qwen3-style layers only)")
+    layer_types = raw.get("layer_types")
+    if layer_types is not None:
+        if len(layer_types) != raw["num_hidden_layers"] or set(layer_types) - {"full_attention", "sliding_attention"}:
+            raise ValueError(f"drafter config.json layer_types must name full_attention or sliding_attention for "
+                             f"each of the {raw['num_hidden_layers']} layers, got {layer_types}")
+        window = raw.get("sliding_window")
+        if "sliding_attention" in layer_types and not (isinstance(window, int) and window > 0):
+            raise ValueError(f"drafter config.json has sliding_attention layers but sliding_window = {window!r} "
+                             f"(a positive integer is needed)")
     heads = raw["num_attention_heads"]
+    target_layer_ids = list(_draft_value(raw, "target_layer_ids"))
+    is_causal = raw.get("is_causal")
     return DrafterConfig(
         hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
         num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=heads,
         num_key_value_heads=raw.get("num_key_value_heads", heads),
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads, block_size=raw["block_size"],
-        num_target_layers=raw["num_target_layers"], target_layer_ids=list(dflash["target_layer_ids"]),
-        mask_token_id=dflash["mask_token_id"], vocab_size=raw["vocab_size"],
-        rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=raw.get("rope_theta", 1e6),
-        attention_bias=raw.get("attention_bias", False), layer_types=raw.get("layer_types"),
-        sliding_window=raw.get("sliding_window"),
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        block_size=int(_draft_value(raw, "block_size", 16)),
+        num_target_layers=raw.get("num_target_layers", max(target_layer_ids) + 1),
+        target_layer_ids=target_layer_ids, mask_token_id=int(_draft_value(raw, "mask_token_id")),
+        vocab_size=raw["vocab_size"], rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=_rope_theta(raw),
+        attention_bias=raw.get("attention_bias", False), layer_types=layer_types,
+        sliding_window=raw.get("sliding_window"), is_causal=None if is_causal is None else bool(is_causal),
+        input_embedding_scale=float(_draft_value(raw, "input_embedding_scale", 1.0)),
         num_branches=raw.get("dblast_config", {}).get("num_branches", 1),
-        extra={k: v for k, v in raw.items() if k not in _KNOWN},
+        extra=_extra_fields(raw),
     )
+
+
+def _extra_fields(raw: dict) -> dict:
+    """config.json fields the drafter does not read, kept to be written back unchanged (other
+    `dflash_config` entries included)."""
+    extra = {k: v for k, v in raw.items() if k not in _KNOWN and k not in _DRAFT_KEYS}
+    nested = {k: v for k, v in (raw.get("dflash_config") or {}).items() if k not in _DRAFT_KEYS}
+    if nested:
+        extra["dflash_config"] = nested
+    return extra
 
 
 def config_to_json(c: DrafterConfig) -> dict:
@@ -50,9 +98,14 @@ def config_to_json(c: DrafterConfig) -> dict:
                num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, block_size=c.block_size,
                num_target_layers=c.num_target_layers, vocab_size=c.vocab_size, rms_norm_eps=c.rms_norm_eps,
                rope_theta=c.rope_theta, attention_bias=c.attention_bias,
-               dflash_config={"mask_token_id": c.mask_token_id, "target_layer_ids": list(c.target_layer_ids)})
+               dflash_config={**c.extra.get("dflash_config", {}), "mask_token_id": c.mask_token_id,
+                              "target_layer_ids": list(c.target_layer_ids)})
+    if c.input_embedding_scale != 1.0:
+        raw["dflash_config"]["input_embedding_scale"] = c.input_embedding_scale
     if c.layer_types is not None:
         raw.update(layer_types=c.layer_types, sliding_window=c.sliding_window)
+    if c.is_causal is not None:
+        raw["is_causal"] = c.is_causal
     if c.num_branches > 1:
         raw["dblast_config"] = {"num_branches": c.num_branches}
     return raw

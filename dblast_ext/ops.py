@@ -103,9 +103,9 @@ def branch_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor, expander_w
 
 def drafter_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_block: torch.Tensor,
                       v_block: torch.Tensor, context_lens: torch.Tensor, *, scale: Optional[float] = None,
-                      window: int = -1) -> torch.Tensor:
-    """Block-diffusion drafter attention: the block's queries attend, with no mask, to the
-    row's cached context keys and to all of the block's own keys.
+                      window: int = -1, causal: bool = False) -> torch.Tensor:
+    """Block-diffusion drafter attention: the block's queries attend to the row's cached
+    context keys and to the block's own keys (DFlash: both directions, no mask).
 
     Args:
         q: [N, Hq, B, D] block queries (already rotated), float32/bfloat16/float16.
@@ -114,12 +114,17 @@ def drafter_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         k_block, v_block: [N, Hkv, B, D] the block's own keys/values.
         context_lens: [N] int32, cached tokens per row (0 allowed).
         scale: softmax scale, default D ** -0.5.
-        window: > 0 keeps only the last `window` cached keys (sliding-window layers); -1 all.
+        window: > 0, a sliding-window layer: a query sees only keys less than `window`
+            positions away (counting itself, as DFlash does; the block sits at positions
+            context_lens[n] + i); -1 every key.
+        causal: block query i sees block keys j <= i only (DFlash's sliding layers, or a layer
+            with `is_causal`); the context stays visible either way.
 
     Returns [N, Hq, B, D] in q's dtype; softmax and accumulation in float32.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return torch.ops.dblast.drafter_attention(q, k_cache, v_cache, k_block, v_block, context_lens, scale, int(window))
+    return torch.ops.dblast.drafter_attention(q, k_cache, v_cache, k_block, v_block, context_lens, scale, int(window),
+                                              bool(causal))
 
 
 def _verify_fake(target_logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -151,5 +156,5 @@ def _branch_argmax_fake(hidden, lm_head_weight, expander_weight, expander_bias, 
 
 
 @torch.library.register_fake("dblast::drafter_attention")
-def _drafter_attention_fake(q, k_cache, v_cache, k_block, v_block, context_lens, scale, window):
+def _drafter_attention_fake(q, k_cache, v_cache, k_block, v_block, context_lens, scale, window, causal):
     return q.new_empty(q.shape)  # contiguous, like both kernels' output (q itself may be strided)

@@ -12,7 +12,7 @@ from .results import BranchArgmax, VerifyResult, draw_uniforms
 
 __all__ = ["filter_target_probs", "branch_verify", "mixture_verify", "sample_mixture_draft",
            "greedy_branch_proposal", "mixture_proposal", "acceptance_probs", "final_token_weights",
-           "inverse_cdf_sample", "branch_states", "branch_argmax", "drafter_attention"]
+           "inverse_cdf_sample", "branch_states", "branch_argmax", "key_visible", "drafter_attention"]
 
 
 def filter_target_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
@@ -197,22 +197,41 @@ def branch_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor, expander_w
     return BranchArgmax(logits.argmax(dim=-1), logits.amax(dim=-1).float(), logits.logsumexp(dim=-1).float())
 
 
+def key_visible(query_position: torch.Tensor, key_position: torch.Tensor, *, window: int = -1,
+                causal: bool = False) -> torch.Tensor:
+    """Which keys a drafter query sees, by absolute position (broadcasting), among the keys of its
+    attention (its context and its own block): with `causal`, keys at or before the query; with a
+    sliding `window` > 0, keys less than `window` positions away, counting the query itself
+    (DFlash's sliding layers). Context keys lie before the block, so causality never hides them."""
+    visible = torch.ones(torch.broadcast_shapes(query_position.shape, key_position.shape), dtype=torch.bool,
+                         device=query_position.device)
+    if causal:
+        visible &= key_position <= query_position
+    if window > 0:
+        visible &= (query_position - key_position).abs() < window
+    return visible
+
+
 def drafter_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_block: torch.Tensor,
                       v_block: torch.Tensor, context_lens: torch.Tensor, *, scale: Optional[float] = None,
-                      window: int = -1) -> torch.Tensor:
+                      window: int = -1, causal: bool = False) -> torch.Tensor:
     """Block attention of the drafter (see dblast_ext.ops.drafter_attention): concatenate the
-    cached context and the block's keys/values, mask the cache slots a row does not use, then
-    scaled dot-product attention (float32 or better; output in q's dtype)."""
+    cached context and the block's keys/values, mask the cache slots a row does not use and the
+    keys `key_visible` hides, then scaled dot-product attention (float32 or better; output in
+    q's dtype)."""
     dtype = torch.promote_types(q.dtype, torch.float32)
     rows, heads, block, dim = q.shape
     kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
     keys = torch.cat([k_cache, k_block], dim=2).to(dtype)
     values = torch.cat([v_cache, v_block], dim=2).to(dtype)
+    lens = context_lens.to(torch.int64)[:, None, None]
     slot = torch.arange(max_len + block, device=q.device)
-    lens = context_lens.to(torch.int64)[:, None]
-    first = (lens - window).clamp(min=0) if window > 0 else torch.zeros_like(lens)
-    visible = ((slot >= first) & (slot < lens)) | (slot >= max_len)  # [N, L_max + B]
+    in_block = slot >= max_len
+    key_position = torch.where(in_block, lens + slot - max_len, slot)            # [N, 1, L_max + B]
+    query_position = lens + torch.arange(block, device=q.device)[:, None]       # [N, B, 1]
+    used = in_block | (slot < lens)
+    visible = used & key_visible(query_position, key_position, window=window, causal=causal)  # [N, B, L_max + B]
     out = torch.nn.functional.scaled_dot_product_attention(
-        q.to(dtype), keys, values, attn_mask=visible[:, None, None, :], scale=scale if scale is not None else dim**-0.5,
+        q.to(dtype), keys, values, attn_mask=visible[:, None], scale=scale if scale is not None else dim**-0.5,
         enable_gqa=heads != kv_heads)
     return out.to(q.dtype)

@@ -30,13 +30,15 @@ def run(drafter, block, features, use_kernels=True, capacity=64):
 
 @torch.no_grad()
 def dflash_semantics(drafter, block, features):
-    """Independent full recompute, written the DFlash way: queries from the block, keys and
-    values from [context, block], RoPE at absolute positions, no mask (window per layer)."""
+    """Independent full recompute, written the DFlash way: queries from the block (embeddings x
+    input_embedding_scale), keys and values from [context, block], RoPE at absolute positions;
+    a sliding layer (or any layer with is_causal) sees keys at or before the query, within the
+    window counted from the query (both directions when not causal)."""
     c = drafter.config
     rows, b, t = block.shape[0], block.shape[1], features.shape[1]
     ctx = drafter.hidden_norm(drafter.fc(features))
     pos = torch.arange(t + b).expand(rows, -1)
-    h = block
+    h = block * c.input_embedding_scale
     for i, layer in enumerate(drafter.layers):
         a = layer.self_attn
         x = layer.input_layernorm(h)
@@ -45,12 +47,19 @@ def dflash_semantics(drafter, block, features):
         k = a.k_norm(a.k_proj(both).view(rows, t + b, KV_HEADS, HEAD_DIM)).transpose(1, 2)
         v = a.v_proj(both).view(rows, t + b, KV_HEADS, HEAD_DIM).transpose(1, 2)
         q, k = rope(q, pos[:, t:], c.rope_theta), rope(k, pos, c.rope_theta)
-        visible = torch.ones(t + b, dtype=torch.bool)
-        if c.window(i) > 0:
-            visible[: max(0, t - c.window(i))] = False
+        sliding = bool(c.layer_types) and c.layer_types[i] == "sliding_attention"
+        causal = sliding if c.is_causal is None else c.is_causal
+        visible = torch.ones(b, t + b, dtype=torch.bool)
+        for qi in range(b):
+            for kj in range(t + b):
+                qp = t + qi
+                if causal and kj > qp:
+                    visible[qi, kj] = False
+                if sliding and (abs(qp - kj) >= c.sliding_window):
+                    visible[qi, kj] = False
         out = torch.nn.functional.scaled_dot_product_attention(
             q, k.repeat_interleave(HEADS // KV_HEADS, 1), v.repeat_interleave(HEADS // KV_HEADS, 1),
-            attn_mask=visible[None, :].expand(b, -1))
+            attn_mask=visible)
         h = h + a.o_proj(out.transpose(1, 2).reshape(rows, b, -1))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return drafter.norm(h)
@@ -67,9 +76,13 @@ def test_loads_a_dflash_checkpoint_unchanged(dflash_dir):
 
 
 @pytest.mark.parametrize("use_kernels", [True, False])
-@pytest.mark.parametrize("layer_types", [None, ["sliding_attention", "full_attention"]])
-def test_forward_matches_dflash_semantics(dflash_dir, use_kernels, layer_types):
-    drafter = load_drafter(dflash_dir(layer_types=layer_types, sliding_window=3))
+@pytest.mark.parametrize("layer_types,is_causal,scale", [
+    (None, None, 1.0), (["sliding_attention", "full_attention"], None, 1.0),
+    (["sliding_attention", "full_attention"], False, 1.0), (None, True, 2.5)])
+def test_forward_matches_dflash_semantics(dflash_dir, use_kernels, layer_types, is_causal, scale):
+    extra = {} if is_causal is None else {"is_causal": is_causal}
+    nested = {"mask_token_id": 97, "target_layer_ids": TARGET_LAYERS, "input_embedding_scale": scale}
+    drafter = load_drafter(dflash_dir(layer_types=layer_types, sliding_window=3, dflash_config=nested, **extra))
     block, features = inputs()
     out, _ = run(drafter, block, features, use_kernels)
     torch.testing.assert_close(out, dflash_semantics(drafter, block, features), atol=2e-5, rtol=1e-4)
@@ -145,6 +158,38 @@ def test_missing_files_and_bad_configs_fail_clearly(dflash_dir, tmp_path):
         load_drafter(path)
     with pytest.raises(ValueError, match="rope_scaling"):
         load_drafter(dflash_dir(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+    with pytest.raises(ValueError, match="rope_parameters"):
+        load_drafter(dflash_dir(rope_parameters={"rope_type": "yarn", "rope_theta": 1e7, "factor": 4.0}))
+    with pytest.raises(ValueError, match="sliding_window = None"):
+        load_drafter(dflash_dir(layer_types=["sliding_attention", "full_attention"]))
+    with pytest.raises(ValueError, match="layer_types"):
+        load_drafter(dflash_dir(layer_types=["full_attention"]))
+
+
+@pytest.mark.parametrize("key,value", [("output_multiplier", 2.0), ("final_logit_softcapping", 30.0),
+                                       ("conv_kernel_size", 4), ("causal", True)])
+def test_dflash_variants_the_drafter_does_not_implement_are_refused(dflash_dir, key, value):
+    """Settings that change the math in other DFlash variants fail by name instead of being ignored."""
+    with pytest.raises(ValueError, match=key):
+        load_drafter(dflash_dir(**{key: value}))
+
+
+def test_config_fields_resolve_like_dflash(dflash_dir, tmp_path):
+    """DFlash reads its settings from dflash_config first, then the top level; transformers 5
+    writes the RoPE base inside rope_parameters; other dflash_config entries survive a save."""
+    top_level = dict(mask_token_id=97, target_layer_ids=TARGET_LAYERS, dflash_config={"note": "kept"},
+                     rope_theta=None, rope_parameters={"rope_type": "default", "rope_theta": 1e7})
+    raw = json.loads(open(f"{dflash_dir(block_size=None)}/config.json").read())
+    raw.update(top_level)
+    del raw["rope_theta"], raw["block_size"]
+    open(f"{tmp_path}/dflash/config.json", "w").write(json.dumps(raw))
+    drafter = load_drafter(str(tmp_path / "dflash"))
+    c = drafter.config
+    assert (c.mask_token_id, c.target_layer_ids, c.rope_theta, c.block_size) == (97, TARGET_LAYERS, 1e7, 16)
+    save_pretrained(drafter, str(tmp_path / "saved"))
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert saved["dflash_config"] == {"note": "kept", "mask_token_id": 97, "target_layer_ids": TARGET_LAYERS}
+    assert load_drafter(str(tmp_path / "saved")).config.rope_theta == 1e7
 
 
 @pytest.mark.parametrize("field,value,message", [

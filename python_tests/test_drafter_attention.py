@@ -47,14 +47,35 @@ def test_matches_reference(device, group, dim, block):
     i = CASES.index((group, dim, block))
     dtype, window = DTYPES[i % 3], [-1, 37, 300][i % 3]
     case = make_case(4, 2, group, block, dim, 300, dtype, seed=i)
-    check(case, device, window=window)
+    check(case, device, window=window, causal=i % 2 == 1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("window", [-1, 1, 100, 5000])
-def test_windows_and_dtypes(device, dtype, window):
-    case = make_case(3, 2, 4, 16, 64, 700, dtype, seed=window % 97)
-    check(case, device, window=window)
+@pytest.mark.parametrize("window", [-1, 1, 5, 100, 5000])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group,block", [(1, 1), (3, 16)])
+def test_windows_causal_and_dtypes(device, dtype, window, causal, group, block):
+    """Every combination: a window shorter than the block (5) hides block keys too, and the
+    window of 1 leaves each query only itself."""
+    case = make_case(3, 2, group, block, 64, 700, dtype, seed=window % 97 + 7 * causal + group)
+    check(case, device, window=window, causal=causal)
+
+
+def test_reference_masks_are_dflash_sliding_and_causal_rules():
+    """The specification's mask, one (query, key) pair at a time: a block query at position
+    L + i sees context key p iff L + i - p < W, and block key j iff (not causal or j <= i) and
+    |i - j| < W (W = -1: no window), the keys DFlash's sliding layers let a query see."""
+    L, B = 6, 5
+    for window, causal in itertools.product([-1, 1, 2, 4, 7], [False, True]):
+        query = torch.arange(B)[:, None] + L
+        context = reference.key_visible(query, torch.arange(L)[None, :], window=window, causal=causal)
+        block = reference.key_visible(query, torch.arange(B)[None, :] + L, window=window, causal=causal)
+        for i in range(B):
+            for p in range(L):
+                assert bool(context[i, p]) == (window < 0 or L + i - p < window), (window, causal, i, p)
+            for j in range(B):
+                want = (not causal or j <= i) and (window < 0 or abs(i - j) < window)
+                assert bool(block[i, j]) == want, (window, causal, i, j)
 
 
 @pytest.mark.parametrize("dim", [16, 32, 64, 96, 128, 256])
@@ -97,7 +118,7 @@ def test_stale_cache_entries_beyond_the_length_are_ignored(device):
 BAD_INPUTS = [
     ("q", lambda c: dict(c, q=c["q"][0])),
     ("q", lambda c: dict(c, q=c["q"].double())),
-    ("multiple", lambda c: dict(c, q=c["q"][:, :3])),
+    ("q's heads .* multiple", lambda c: dict(c, q=c["q"][:, :3])),
     ("k_cache", lambda c: dict(c, k_cache=c["k_cache"][..., :32])),
     ("v_cache", lambda c: dict(c, v_cache=c["v_cache"][:, :, :10])),
     ("k_block", lambda c: dict(c, k_block=c["k_block"][:, :, :3])),
@@ -133,7 +154,15 @@ def test_mixed_devices_name_the_argument(name):
 def test_opcheck(device):
     case = to_device(make_case(3, 2, 4, 8, 64, 40, torch.float32, seed=9), device)
     args = (case["q"], case["k_cache"], case["v_cache"], case["k_block"], case["v_block"], case["context_lens"],
-            0.125, -1)
+            0.125, -1, False)
+    torch.library.opcheck(torch.ops.dblast.drafter_attention.default, args)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_opcheck_sliding_causal_half_precision(device, dtype):
+    case = to_device(make_case(3, 2, 4, 8, 64, 40, dtype, seed=13), device)
+    args = (case["q"], case["k_cache"], case["v_cache"], case["k_block"], case["v_block"], case["context_lens"],
+            0.125, 6, True)
     torch.library.opcheck(torch.ops.dblast.drafter_attention.default, args)
 
 
@@ -143,7 +172,8 @@ def test_opcheck_with_a_strided_q(device):
     case = to_device(make_case(3, 2, 4, 8, 64, 40, torch.float32, seed=10), device)
     q = case["q"].transpose(1, 2).contiguous().transpose(1, 2)
     assert not q.is_contiguous()
-    args = (q, case["k_cache"], case["v_cache"], case["k_block"], case["v_block"], case["context_lens"], 0.125, -1)
+    args = (q, case["k_cache"], case["v_cache"], case["k_block"], case["v_block"], case["context_lens"], 0.125, -1,
+            False)
     torch.library.opcheck(torch.ops.dblast.drafter_attention.default, args)
 
 
@@ -168,6 +198,20 @@ def test_inputs_starting_inside_their_allocation_match_the_reference(device, dty
 
 def test_traces_under_torch_compile_fullgraph(device):
     case = to_device(make_case(3, 2, 4, 8, 64, 40, torch.float32, seed=11), device)
-    compiled = torch.compile(lambda **kw: ops.drafter_attention(**kw, window=16), fullgraph=True,
+    compiled = torch.compile(lambda **kw: ops.drafter_attention(**kw, window=16, causal=True), fullgraph=True,
                              backend="aot_eager")
-    assert torch.equal(ops.drafter_attention(**case, window=16), compiled(**case))
+    assert torch.equal(ops.drafter_attention(**case, window=16, causal=True), compiled(**case))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposed_views_match_the_reference(device, dtype):
+    """q, k_block and v_block as the drafter passes them: views of [N, B, H, D] projections
+    with heads and positions transposed (not contiguous)."""
+    case = make_case(3, 2, 4, 16, 64, 50, dtype, seed=14)
+    strided = {k: (v.transpose(1, 2).contiguous().transpose(1, 2).to(device) if k in ("q", "k_block", "v_block")
+                   else v.to(device)) for k, v in case.items()}
+    assert not any(strided[k].is_contiguous() for k in ("q", "k_block", "v_block"))
+    out = ops.drafter_attention(**strided, window=9, causal=True)
+    exact = {k: (v.double() if v.is_floating_point() else v) for k, v in case.items()}
+    expected = reference.drafter_attention(**exact, window=9, causal=True)
+    torch.testing.assert_close(out.cpu().double(), expected, **TOLERANCE[dtype])

@@ -6,30 +6,41 @@ import torch
 from dblast_ext import load_drafter
 from dblast_ext.drafter import DrafterCache
 from dblast_ext.training.block_forward import block_inputs, drafter_block_hidden, training_attention_mask
-from tiny_models import write_dflash_checkpoint
+from tiny_models import TARGET_LAYERS, write_dflash_checkpoint
 
 
-@pytest.mark.parametrize("window", [-1, 3])
-def test_mask_equals_brute_force(window):
+@pytest.mark.parametrize("window,causal", [(-1, False), (3, False), (3, True), (-1, True)])
+def test_mask_equals_brute_force(window, causal):
+    """Query k of block m (position a_m + k) sees context feature t < a_m within the window, and
+    key k' of its own block if causal order and the window allow (DFlash's sliding layers)."""
     anchors = torch.tensor([[2, 7, 5], [0, 9, 4]])
     T, B = 11, 4
-    mask = training_attention_mask(anchors, T, B, window)
+    mask = training_attention_mask(anchors, T, B, window, causal)
     assert mask.shape == (2, 3 * B, T + 3 * B)
+
+    def near(distance):
+        return window <= 0 or distance < window
+
     for n in range(2):
         for m in range(3):
             a = int(anchors[n, m])
             for k in range(B):
                 for j in range(T + 3 * B):
                     if j < T:
-                        want = j < a and (window <= 0 or j >= a - window)
+                        want = j < a and near(a + k - j)
                     else:
-                        want = (j - T) // B == m
+                        other, kk = divmod(j - T, B)
+                        want = other == m and (not causal or kk <= k) and near(abs(k - kk))
                     assert bool(mask[n, m * B + k, j]) == want, (n, m, k, j)
 
 
-@pytest.mark.parametrize("layer_types", [None, ["sliding_attention", "full_attention"]])
-def test_training_pass_equals_the_inference_pass_per_block(tmp_path, layer_types):
+@pytest.mark.parametrize("layer_types,is_causal", [(None, None), (["sliding_attention", "full_attention"], None),
+                                                   (["sliding_attention", "full_attention"], False), (None, True)])
+def test_training_pass_equals_the_inference_pass_per_block(tmp_path, layer_types, is_causal):
     extra = {"layer_types": layer_types, "sliding_window": 3} if layer_types else {}
+    if is_causal is not None:
+        extra["is_causal"] = is_causal
+    extra["dflash_config"] = {"mask_token_id": 97, "target_layer_ids": TARGET_LAYERS, "input_embedding_scale": 1.5}
     drafter = load_drafter(write_dflash_checkpoint(tmp_path / "d", block_size=4, **extra))
     c = drafter.config
     g = torch.Generator().manual_seed(0)

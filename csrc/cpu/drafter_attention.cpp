@@ -40,9 +40,13 @@ const float* as_float(const scalar_t* rows, int64_t count, int64_t dim, std::vec
   }
 }
 
-// Folds `count` keys/values into the running softmax of all M query rows.
+// Folds `count` keys/values into the running softmax of all M query rows. `hide(r, row, value)`
+// sets the entries of the keys query row r may not see to `value` and says whether there are
+// any (false at once without causal or window masks).
+template <typename Hide>
 void attend_chunk(const at::Tensor& queries, const float* keys, const float* values, int64_t count, int64_t dim,
-                  Partial& p, at::Tensor& scores) {
+                  Partial& p, at::Tensor& scores, Hide&& hide) {
+  constexpr float kNone = -std::numeric_limits<float>::infinity();
   const int64_t m_rows = queries.size(0);
   const auto options = queries.options();
   at::Tensor k = at::from_blob(const_cast<float*>(keys), {count, dim}, options);
@@ -52,10 +56,16 @@ void attend_chunk(const at::Tensor& queries, const float* keys, const float* val
   float* sp = s.data_ptr<float>();
   for (int64_t r = 0; r < m_rows; ++r) {
     float* row = sp + r * count;
+    const bool masked = hide(r, row, kNone);
     const float chunk_max = row[first_argmax(row, count)];
+    if (chunk_max == kNone) {  // every key of the chunk hidden from this query: it adds nothing
+      std::fill(row, row + count, 0.0f);
+      continue;
+    }
     const float new_max = std::max(p.max[r], chunk_max);
-    const float rescale = p.max[r] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(p.max[r] - new_max);
-    p.sum[r] = p.sum[r] * rescale + exp_shifted_inplace(row, count, new_max);
+    const float rescale = p.max[r] == kNone ? 0.0f : std::exp(p.max[r] - new_max);
+    p.sum[r] = p.sum[r] * rescale + exp_shifted_inplace(row, count, new_max);  // a hidden key adds 1.6e-38, lost next to the maximum's 1
+    if (masked) hide(r, row, 0.0f);  // exactly 0 for hidden keys in the product with V
     p.max[r] = new_max;
     float* o = p.out.data() + r * dim;
     for (int64_t d = 0; d < dim; ++d) o[d] *= rescale;
@@ -67,8 +77,9 @@ void attend_chunk(const at::Tensor& queries, const float* keys, const float* val
 template <typename scalar_t>
 void drafter_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                             const at::Tensor& k_block, const at::Tensor& v_block, const int32_t* lens, double scale,
-                            int64_t window, at::Tensor& out) {
+                            int64_t window, bool causal, at::Tensor& out) {
   const int64_t rows = q.size(0), heads = q.size(1), block = q.size(2), dim = q.size(3);
+  const bool mask = needs_query_mask(block, window, causal);
   const int64_t kv_heads = k_cache.size(1), max_len = k_cache.size(2), group = heads / kv_heads;
   const int64_t m_rows = group * block;
   const int64_t chunk = keys_per_chunk(m_rows);
@@ -113,8 +124,24 @@ void drafter_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, cons
                                         : kb + ((n * kv_heads + h) * block + (j - cached)) * dim;
         const scalar_t* values = in_cache ? vc + ((n * kv_heads + h) * max_len + context.begin + j) * dim
                                           : vb + ((n * kv_heads + h) * block + (j - cached)) * dim;
+        // chunk entry e is context position context.begin + j + e, or block key j + e - cached
+        const int64_t length = lens[n], first_key = in_cache ? context.begin + j : j - cached;
+        auto hide = [&](int64_t r, float* row, float value) {
+          if (!mask) return false;
+          const int64_t query = r % block;
+          bool any = false;
+          for (int64_t e = 0; e < count; ++e) {
+            const bool visible = in_cache ? context_key_visible(length, first_key + e, query, window)
+                                          : block_key_visible(first_key + e, query, window, causal);
+            if (!visible) {
+              row[e] = value;
+              any = true;
+            }
+          }
+          return any;
+        };
         attend_chunk(queries, as_float(keys, count, dim, key_buffer), as_float(values, count, dim, value_buffer),
-                     count, dim, p, scores);
+                     count, dim, p, scores, hide);
         j = stop;
       }
     }
@@ -148,7 +175,7 @@ void drafter_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, cons
 
 at::Tensor drafter_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                  const at::Tensor& k_block, const at::Tensor& v_block, const at::Tensor& context_lens,
-                                 double scale, int64_t window) {
+                                 double scale, int64_t window, bool causal) {
   check_drafter_attention_args(q, k_cache, v_cache, k_block, v_block, context_lens, scale, window);
   check_context_lens(context_lens, k_cache.size(2));
   const at::Tensor lens = context_lens.contiguous();
@@ -159,11 +186,11 @@ at::Tensor drafter_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache,
   if (q.numel() == 0) return out;
   AT_DISPATCH_SWITCH(q.scalar_type(), "drafter_attention_cpu",
                      AT_DISPATCH_CASE(at::kFloat, [&] {
-                       drafter_attention_impl<scalar_t>(qc, kc, vc, kb, vb, lp, scale, window, out);
+                       drafter_attention_impl<scalar_t>(qc, kc, vc, kb, vb, lp, scale, window, causal, out);
                      }) AT_DISPATCH_CASE(at::kBFloat16, [&] {
-                       drafter_attention_impl<scalar_t>(qc, kc, vc, kb, vb, lp, scale, window, out);
+                       drafter_attention_impl<scalar_t>(qc, kc, vc, kb, vb, lp, scale, window, causal, out);
                      }) AT_DISPATCH_CASE(at::kHalf, [&] {
-                       drafter_attention_impl<scalar_t>(qc, kc, vc, kb, vb, lp, scale, window, out);
+                       drafter_attention_impl<scalar_t>(qc, kc, vc, kb, vb, lp, scale, window, causal, out);
                      }));
   return out;
 }

@@ -24,6 +24,7 @@ constexpr int kAttnThreads = 256;  // 4 threads per query row
 
 struct AttentionArgs {
   int64_t heads, kv_heads, block, max_len, splits, window;
+  bool causal;  // causal order within the block (dblast/attention_window.h)
   int64_t query_rows;  // M = group * block
   float scale;
   const int32_t* lens;
@@ -69,7 +70,10 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int tile_rows = static_cast<int>(rows_left < kQueryTile ? rows_left : kQueryTile);
 
   // Keys of this split, in the combined order: cached context first, then the block.
-  const ContextRange context = context_range(a.lens[n], a.window);
+  const int64_t length = a.lens[n];
+  const ContextRange context = context_range(length, a.window);
+  const bool mask = needs_query_mask(a.block, a.window, a.causal);
+  const int64_t query = m % a.block;  // this row's position in the block (rows are head-major)
   const int64_t cached = context.end - context.begin, total = cached + a.block;
   const int64_t per_split = (total + a.splits - 1) / a.splits;
   const int64_t first = split * per_split, last = min(total, first + per_split);
@@ -101,7 +105,10 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int c = 0; c < kKeyTile / 4; ++c) {
       const int key = part + 4 * c;
       float s = -INFINITY;
-      if (key < count) {
+      const int64_t j = j0 + key;  // context position context.begin + j, or block key j - cached
+      const bool visible = !mask || (in_cache ? context_key_visible(length, context.begin + j, query, a.window)
+                                              : block_key_visible(j - cached, query, a.window, a.causal));
+      if (key < count && visible) {
         const float* k_row = k_tile + key * (kDim + 1);
         float dot = 0.0f;
 #pragma unroll 16
@@ -220,7 +227,7 @@ bool for_cuda_head_dim(int64_t dim, F&& f) {
 
 at::Tensor drafter_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& k_block, const at::Tensor& v_block, const at::Tensor& context_lens,
-                                  double scale, int64_t window) {
+                                  double scale, int64_t window, bool causal) {
   check_drafter_attention_args(q, k_cache, v_cache, k_block, v_block, context_lens, scale, window);
   const int64_t dim = q.size(3);
   check_cuda_head_dim(q);
@@ -249,7 +256,7 @@ at::Tensor drafter_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache
   at::Tensor partial_out = at::empty({rows * kv_heads * splits * query_rows * dim}, options);
   at::Tensor partial_max = at::empty({rows * kv_heads * splits * query_rows}, options);
   at::Tensor partial_sum = at::empty({rows * kv_heads * splits * query_rows}, options);
-  AttentionArgs args{heads, kv_heads, block, max_len, splits, window, query_rows, static_cast<float>(scale),
+  AttentionArgs args{heads, kv_heads, block, max_len, splits, window, causal, query_rows, static_cast<float>(scale),
                      lens.data_ptr<int32_t>(), partial_out.data_ptr<float>(), partial_max.data_ptr<float>(),
                      partial_sum.data_ptr<float>()};
   DBLAST_DISPATCH_LOGITS(q.scalar_type(), "drafter_attention_cuda", [&] {

@@ -2,10 +2,10 @@
 
 A block starts at an anchor a (a committed token): positions a..a+B-1 hold [x_a, mask x (B-1)]
 and position k predicts x_{a+k}. Its queries see the context features strictly before the
-anchor (the last `window` of them in sliding-window layers), their own block in both
-directions, and no other block: the attention the inference pass has after committing
-x_0..x_a (DESIGN.md, Drafter), so one training pass serves M blocks. The mask is dense
-and goes through scaled_dot_product_attention on every device.
+anchor and their own block (in a sliding-window or causal layer, only the keys
+`reference.key_visible` allows), and no other block: the attention the inference pass has
+after committing x_0..x_a (DESIGN.md, Drafter), so one training pass serves M blocks. The
+mask is dense and goes through scaled_dot_product_attention on every device.
 """
 from typing import Dict
 
@@ -13,23 +13,25 @@ import torch
 import torch.nn.functional as F
 
 from ..drafter import DBlastDrafter, rotary_tables
+from ..reference import key_visible
 
 
 def training_attention_mask(anchors: torch.Tensor, context_len: int, block_size: int,
-                            window: int = -1) -> torch.Tensor:
+                            window: int = -1, causal: bool = False) -> torch.Tensor:
     """Boolean [N, M*B, T + M*B] (True = visible) for anchors [N, M] over T context features:
-    query (m, k) sees context key t iff t < a_m (and t >= a_m - window when window > 0), and
-    block key (m', k') iff m' == m."""
+    query (m, k), at position a_m + k, sees context key t iff t < a_m, and block key (m', k')
+    iff m' == m, each only where `key_visible` allows (window, causal)."""
     rows, blocks = anchors.shape
     device = anchors.device
     query_anchor = anchors.repeat_interleave(block_size, dim=1)[:, :, None]           # [N, M*B, 1]
+    offset = torch.arange(block_size, device=device).repeat(blocks)                   # k of every query / key
+    query_position = query_anchor + offset[None, :, None]
     t = torch.arange(context_len, device=device)[None, None, :]
-    context = t < query_anchor
-    if window > 0:
-        context &= t >= query_anchor - window
+    context = (t < query_anchor) & key_visible(query_position, t, window=window, causal=causal)
     block_of = torch.arange(blocks, device=device).repeat_interleave(block_size)
-    own = (block_of[:, None] == block_of[None, :]).expand(rows, -1, -1)
-    return torch.cat([context, own], dim=-1)
+    own = (block_of[:, None] == block_of[None, :]) & key_visible(offset[:, None], offset[None, :], window=window,
+                                                                 causal=causal)
+    return torch.cat([context, own.expand(rows, -1, -1)], dim=-1)
 
 
 def block_inputs(drafter: DBlastDrafter, embed, input_ids: torch.Tensor, anchors: torch.Tensor) -> Dict:
@@ -54,18 +56,18 @@ def drafter_block_hidden(drafter: DBlastDrafter, block_embeddings: torch.Tensor,
     ctx_rope = rotary_tables(ctx_positions, c.head_dim, c.rope_theta)
     blk_rope = rotary_tables(block_positions, c.head_dim, c.rope_theta)
     masks = {}
-    h = block_embeddings.to(dtype)
+    h = drafter.scale_embeddings(block_embeddings.to(dtype))
     for i, layer in enumerate(drafter.layers):
-        window = c.window(i)
-        if window not in masks:
-            masks[window] = training_attention_mask(anchors, context_len, c.block_size, window)[:, None]
+        kind = c.window(i), c.causal(i)
+        if kind not in masks:
+            masks[kind] = training_attention_mask(anchors, context_len, c.block_size, *kind)[:, None]
         attn = layer.self_attn
         k_ctx, v_ctx = attn.project_keys_values(context, ctx_rope)
         x = layer.input_layernorm(h)
         q = attn.project_queries(x, blk_rope)
         k_blk, v_blk = attn.project_keys_values(x, blk_rope)
         out = F.scaled_dot_product_attention(q, torch.cat([k_ctx, k_blk], 2), torch.cat([v_ctx, v_blk], 2),
-                                             attn_mask=masks[window], enable_gqa=attn.heads != attn.kv_heads)
+                                             attn_mask=masks[kind], enable_gqa=attn.heads != attn.kv_heads)
         h = h + attn.o_proj(out.transpose(1, 2).reshape(rows, h.shape[1], -1))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return drafter.norm(h)
