@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dblast_ext import ops, reference
-from losslessness import chi_square_pvalue, exact_joint
+from losslessness import assert_committed_tokens_follow_p, chi_square_pvalue, exact_joint
 from verify_cases import FilterSettings, assert_verify_close, decision_margins, make_branch_case, to_device
 
 FILTERS = [FilterSettings(t, k, p) for t, k, p in itertools.product([0.0, 0.7, 1.0, 1.5], [0, 1, 20], [0.8, 0.95, 1.0])]
@@ -58,6 +58,51 @@ def test_matches_reference_across_vocab_sizes(device, vocab, settings, dtype):
     rows = 64 if vocab < 1000 else 3
     case = make_branch_case(rows, 4, 15, vocab, settings, torch.Generator().manual_seed(vocab), dtype)
     check_against_reference(case, settings, device)
+
+
+@pytest.mark.parametrize("logits_dtype", [torch.float16, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("uniforms_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("num_branches,temperature", list(itertools.product([1, 4], [0.0, 0.7])))
+def test_matches_reference_across_dtypes(device, logits_dtype, uniforms_dtype, num_branches, temperature):
+    """Every logits x uniforms dtype (each its own kernel instantiation) with K = 1 and K > 1,
+    greedy and sampled."""
+    settings = FilterSettings(temperature, 20, 0.9)
+    case = make_branch_case(24, num_branches, 7, 600, settings, torch.Generator().manual_seed(num_branches),
+                            logits_dtype)
+    case["uniforms"] = case["uniforms"].to(uniforms_dtype)
+    check_against_reference(case, settings, device)
+
+
+def test_skipping_validation_changes_nothing_on_valid_input(device):
+    settings = FilterSettings(1.0, 20, 0.95)
+    case = to_device(make_branch_case(32, 4, 7, 500, settings, torch.Generator().manual_seed(21)), device)
+    checked = ops.branch_verify(**case, **settings.kwargs())
+    unchecked = ops.branch_verify(**case, **settings.kwargs(), validate=False)
+    for a, b in zip(checked, unchecked):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("settings", [FilterSettings(1.0, 0, 1.0), FilterSettings(0.8, 5, 0.9)],
+                         ids=["plain", "top-k-top-p"])
+def test_every_committed_position_follows_the_target(device, settings):
+    """Fixed greedy branches (sharing prefixes, one duplicated) and prior, the branch drawn from
+    the prior per row as the decode loop does: whatever the branch, each committed token
+    follows the target's filtered distribution at its position."""
+    g = torch.Generator().manual_seed(31)
+    rows, vocab, num_draft = 60000, 8, 3
+    logits = torch.randn(num_draft + 1, vocab, generator=g) * 2.0
+    p = reference.filter_target_probs(logits, **settings.kwargs())
+    top = p.argsort(-1, descending=True)
+    branches = torch.stack([top[:num_draft, 0], top[:num_draft, 0], top[:num_draft, 1],
+                            torch.tensor([top[0, 0], top[1, 1], top[2, 2]])])  # K = 4
+    prior = torch.tensor([0.4, 0.1, 0.3, 0.2])
+    case = dict(target_logits=logits.expand(rows, -1, -1).contiguous(),
+                branch_tokens=branches.expand(rows, -1, -1).contiguous(), branch_prior=prior.expand(rows, -1).contiguous(),
+                branch=torch.multinomial(prior, rows, replacement=True, generator=g),
+                uniforms=torch.rand(rows, num_draft + 1, generator=g, dtype=torch.float64))
+    result = ops.branch_verify(**to_device(case, device), **settings.kwargs())
+    assert (result.num_accepted.cpu() == num_draft).float().mean() > 0.05  # deep positions reached
+    assert_committed_tokens_follow_p(p, result.num_accepted, result.output_tokens)
 
 
 def test_accept_probs_cover_every_drafted_position(device):

@@ -146,6 +146,8 @@ def exact_first_two(target, sampling):
 ])
 def test_first_two_tokens_follow_the_targets_distribution(tmp_path, branches, sampling):
     dec = make_decoder(tmp_path, branches=branches, block_size=4, vocab=SMALL_VOCAB, mask=MASK)
+    with torch.no_grad():  # far from uniform (top token ~0.16): a sampler ignoring the target fails at once
+        dec.target.model.lm_head.weight.mul_(3.0)
     exact = exact_first_two(dec.target.model, sampling)
     samples = 3000
     counts = np.zeros((SMALL_VOCAB, SMALL_VOCAB))
@@ -181,7 +183,8 @@ class OracleBranches:
 
     def __init__(self, decoder, branches, prompt):
         self.target, self.branches, self.prefix = decoder.target.model, branches, list(prompt)
-        self.prior = torch.tensor([[0.45, 0.3, 0.15, 0.1][:branches]])
+        self.device = decoder.target.device
+        self.prior = torch.tensor([[0.45, 0.3, 0.15, 0.1][:branches]], device=self.device)
         self.prior /= self.prior.sum()
 
     def on_tokens(self, ids):
@@ -195,14 +198,33 @@ class OracleBranches:
         path, runner_up = list(self.prefix), []
         with torch.no_grad():
             for _ in range(num_draft):
-                top2 = self.target(torch.tensor([path])).logits[0, -1].topk(2).indices.tolist()
+                top2 = self.target(torch.tensor([path], device=self.device)).logits[0, -1].topk(2).indices.tolist()
                 path.append(top2[0])
                 runner_up.append(top2[1])
         greedy = path[len(self.prefix):]
         rows = [list(greedy) for _ in range(self.branches)]
         for z in range(1, self.branches):
             rows[z][(z - 1) % num_draft] = runner_up[(z - 1) % num_draft]
-        return torch.tensor([rows])
+        return torch.tensor([rows], device=self.device)
+
+
+@pytest.mark.parametrize("branches,block_size", [(1, 4), (4, 4), (4, 16)])
+def test_greedy_output_equals_the_targets_own_when_drafts_are_accepted(tmp_path, device, branches, block_size):
+    """With drafts the target accepts (OracleBranches), whole blocks and partial ones get
+    committed, so the caches are cropped after accepted drafts and the accepted tokens'
+    features feed the next drafter pass: the output must still be the target's greedy one."""
+    dec = make_decoder(tmp_path, "qwen3", branches, block_size)
+    dec.target.model.to(device)
+    dec.drafter.to(device)
+    expected = hf_greedy(dec.target.model, PROMPT, 40)
+    oracle = OracleBranches(dec, branches, PROMPT)
+    dec.drafter.branch_prior, dec.drafter.branch_tokens = oracle.branch_prior, oracle.branch_tokens
+    out = dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=40, on_tokens=oracle.on_tokens)
+    assert out.token_ids == expected
+    accepted = [c.num_accepted for c in out.cycles[:-1]]  # the last cycle may be cut by the limit
+    assert block_size - 1 in accepted  # a whole block committed at least once
+    if branches > 1:  # a runner-up branch drafted: a block cut short too
+        assert any(n < block_size - 1 for n in accepted)
 
 
 @pytest.mark.parametrize("branches,block_size,sampling", [

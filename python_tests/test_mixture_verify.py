@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dblast_ext import ops, reference
-from losslessness import chi_square_pvalue, exact_joint
+from losslessness import assert_committed_tokens_follow_p, chi_square_pvalue, exact_joint
 from verify_cases import FilterSettings, assert_verify_close, decision_margins, make_mixture_case, to_device
 
 FILTERS = [FilterSettings(t, k, p) for t, k, p in itertools.product([0.0, 0.7, 1.0, 1.5], [0, 1, 20], [0.8, 0.95, 1.0])]
@@ -50,6 +50,50 @@ def test_matches_reference_across_vocab_sizes(device, vocab, settings, draft_tem
     case = make_mixture_case(rows, 4, 7, vocab, settings, torch.Generator().manual_seed(vocab), torch.bfloat16,
                              draft_temperature=draft_temperature)
     check_against_reference(case, settings, device, draft_temperature)
+
+
+@pytest.mark.parametrize("logits_dtype", [torch.float16, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("uniforms_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("num_branches,temperature", list(itertools.product([1, 4], [0.0, 0.7])))
+def test_matches_reference_across_dtypes(device, logits_dtype, uniforms_dtype, num_branches, temperature):
+    """Every target-logits x uniforms dtype (each its own kernel instantiation), K = 1 and K > 1,
+    greedy and sampled."""
+    settings = FilterSettings(temperature, 20, 0.9)
+    case = make_mixture_case(16, num_branches, 7, 400, settings, torch.Generator().manual_seed(num_branches))
+    case["target_logits"] = case["target_logits"].to(logits_dtype)
+    case["uniforms"] = case["uniforms"].to(uniforms_dtype)
+    check_against_reference(case, settings, device)
+
+
+def test_skipping_validation_changes_nothing_on_valid_input(device):
+    settings = FilterSettings(1.0, 20, 0.95)
+    case = to_device(make_mixture_case(16, 4, 7, 300, settings, torch.Generator().manual_seed(22)), device)
+    checked = ops.mixture_verify(**case, **settings.kwargs())
+    unchecked = ops.mixture_verify(**case, **settings.kwargs(), validate=False)
+    for a, b in zip(checked, unchecked):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("settings", [FilterSettings(1.0, 0, 1.0), FilterSettings(0.8, 5, 0.9)],
+                         ids=["plain", "top-k-top-p"])
+def test_every_committed_position_follows_the_target(device, settings):
+    """Fixed branch logit tables and prior, each row's block drawn from the soft mixture as the
+    decode loop would: each committed token follows the target's filtered distribution at
+    its position, whatever was drafted before it."""
+    g = torch.Generator().manual_seed(32)
+    rows, vocab, num_draft, branches = 60000, 8, 3, 3
+    logits = torch.randn(num_draft + 1, vocab, generator=g) * 2.0
+    p = reference.filter_target_probs(logits, **settings.kwargs())
+    draft_logits = 0.8 * logits[None, :num_draft] + torch.randn(branches, num_draft, vocab, generator=g)
+    prior = torch.tensor([0.5, 0.3, 0.2])
+    case = dict(target_logits=logits.expand(rows, -1, -1).contiguous(),
+                draft_logits=draft_logits.expand(rows, -1, -1, -1).contiguous(),
+                branch_prior=prior.expand(rows, -1).contiguous())
+    case["draft_tokens"], _ = ops.sample_mixture_draft(case["draft_logits"], case["branch_prior"], generator=g)
+    case["uniforms"] = torch.rand(rows, num_draft + 1, generator=g, dtype=torch.float64)
+    result = ops.mixture_verify(**to_device(case, device), **settings.kwargs())
+    assert (result.num_accepted.cpu() == num_draft).float().mean() > 0.05  # deep positions reached
+    assert_committed_tokens_follow_p(p, result.num_accepted, result.output_tokens)
 
 
 def test_mixed_logit_dtypes(device):
