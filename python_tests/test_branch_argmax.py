@@ -74,6 +74,26 @@ def test_matches_reference_across_shapes(device, rows, branches, width, vocab, d
     assert_matches_float64_reference(ops.branch_argmax(**to_device(case, device)), case)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_width_off_the_vector_loads_matches_the_reference(device, dtype):
+    """H = 90: rows of H elements are not multiples of 16 bytes, the CUDA kernel's scalar path."""
+    case = make_case(15, 4, 90, 1000, dtype, seed=90)
+    assert_matches_float64_reference(ops.branch_argmax(**to_device(case, device)), case)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_an_lm_head_starting_inside_its_allocation_matches_the_reference(device, dtype):
+    """An LM head one element into its buffer: not 16-byte aligned for vector loads."""
+    case = make_case(15, 4, 64, 1000, dtype, seed=91)
+    head = case["lm_head_weight"]
+    buffer = torch.empty(head.numel() + 1, dtype=dtype)
+    buffer[1:].copy_(head.reshape(-1))
+    case = to_device(dict(case, lm_head_weight=buffer[1:].view(head.shape)), device)
+    assert case["lm_head_weight"].storage_offset() == 1
+    assert_matches_float64_reference(ops.branch_argmax(**case), {k: v.cpu() if isinstance(v, torch.Tensor) else v
+                                                                 for k, v in case.items()})
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("branches", [1, 4])
 def test_an_empty_batch_gives_empty_outputs(device, branches, dtype):

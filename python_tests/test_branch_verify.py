@@ -73,6 +73,16 @@ def test_matches_reference_across_dtypes(device, logits_dtype, uniforms_dtype, n
     check_against_reference(case, settings, device)
 
 
+@pytest.mark.parametrize("top_k", [-1, 600, 605])
+def test_a_top_k_off_or_beyond_the_vocabulary_is_no_filter(device, top_k):
+    settings = FilterSettings(1.0, 0, 0.95)
+    case = to_device(make_branch_case(32, 4, 7, 600, settings, torch.Generator().manual_seed(23)), device)
+    plain = ops.branch_verify(**case, **settings.kwargs())
+    same = ops.branch_verify(**case, temperature=1.0, top_k=top_k, top_p=0.95)
+    for a, b in zip(plain, same):
+        assert torch.equal(a, b)
+
+
 def test_skipping_validation_changes_nothing_on_valid_input(device):
     settings = FilterSettings(1.0, 20, 0.95)
     case = to_device(make_branch_case(32, 4, 7, 500, settings, torch.Generator().manual_seed(21)), device)

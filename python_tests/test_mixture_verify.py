@@ -211,6 +211,14 @@ BAD_INPUTS = [
     ("draft_tokens", _with(draft_tokens=lambda t: t.fill_(40))),
     ("draft_tokens", _with(draft_tokens=lambda t: t[:, :4])),
     ("uniforms", _with(uniforms=lambda t: t.fill_(1.5))),
+    ("uniforms", _with(uniforms=lambda t: t[:, :3])),
+    ("uniforms", _with(uniforms=lambda t: t.half())),
+    ("target_logits", _with(target_logits=lambda t: t.double())),
+    ("target_logits", _with(target_logits=lambda t: t[0])),
+    ("branch_prior", _with(branch_prior=lambda t: t.double())),
+    ("branch_prior", _with(branch_prior=lambda t: t - t.amax(-1, keepdim=True))),  # negative entries
+    ("draft_tokens", _with(draft_tokens=lambda t: t.int())),
+    ("draft_tokens", _with(draft_tokens=lambda t: t.fill_(-1))),
 ]
 
 
@@ -224,6 +232,42 @@ def test_bad_input_names_the_argument(device, name, build):
 def test_bad_draft_temperature_is_rejected(device, value):
     with pytest.raises(ValueError, match="draft_temperature"):
         ops.mixture_verify(**to_device(_base_case(), device), draft_temperature=value)
+
+
+@pytest.mark.parametrize("kwargs,name", [(dict(temperature=-0.5), "temperature"), (dict(top_p=0.0), "top_p"),
+                                         (dict(top_p=float("nan")), "top_p")])
+def test_bad_filter_settings_name_the_argument(device, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        ops.mixture_verify(**to_device(_base_case(), device), **kwargs)
+
+
+def test_more_branches_than_the_kernels_hold_is_refused(device):
+    case = make_mixture_case(2, 65, 2, 16, FilterSettings(), torch.Generator().manual_seed(3))
+    with pytest.raises(ValueError, match="branch"):
+        ops.mixture_verify(**to_device(case, device))
+
+
+@pytest.mark.parametrize("num_branches", [33, 64])
+def test_the_most_branches_the_kernels_hold_match_the_reference(device, num_branches):
+    settings = FilterSettings(1.0, 20, 0.95)
+    case = make_mixture_case(8, num_branches, 3, 64, settings, torch.Generator().manual_seed(num_branches))
+    check_against_reference(case, settings, device)
+
+
+def test_an_empty_batch_gives_empty_outputs(device):
+    case = make_mixture_case(0, 4, 5, 64, FilterSettings(), torch.Generator().manual_seed(2))
+    result = ops.mixture_verify(**to_device(case, device))
+    assert result.num_accepted.shape == (0,) and result.output_tokens.shape == (0, 6)
+
+
+@pytest.mark.parametrize("validate", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_opcheck_half_precision(device, dtype, validate):
+    case = make_mixture_case(4, 1, 5, 64, FilterSettings(), torch.Generator().manual_seed(10), dtype)
+    case = to_device(case, device)
+    args = (case["target_logits"], case["draft_logits"], case["branch_prior"], case["draft_tokens"],
+            case["uniforms"], 0.7, 0, 1.0, 1.0, validate)
+    torch.library.opcheck(torch.ops.dblast.mixture_verify.default, args)
 
 
 def test_opcheck(device):
