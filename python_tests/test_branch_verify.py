@@ -145,15 +145,27 @@ def test_single_branch_is_independent_greedy_draft(device):
     rejected = k < 5
     corrections = result.output_tokens.cpu()[rows, k]
     assert (corrections[rejected] != tokens[rows, 0, k.clamp(max=4)][rejected]).all()
+    # the residual p without x_i, renormalised, by inverse CDF on the row's last uniform
+    for n in rows[rejected].tolist():
+        residual = p[n, k[n]].clone()
+        residual[tokens[n, 0, k[n]]] = 0.0
+        want = reference.inverse_cdf_sample((residual / residual.sum())[None], uniforms[n, 5:6])[0]
+        assert int(corrections[n]) == int(want), n
 
 
 def test_uniforms_drawn_from_generator_are_reproducible(device):
-    case = to_device(make_branch_case(8, 4, 7, 100, FilterSettings(), torch.Generator().manual_seed(5)), device)
+    """Without uniforms the op draws float64 uniforms [N, b+1] from `generator`: the same
+    seed gives the outcome of passing those uniforms, another seed another outcome."""
+    case = to_device(make_branch_case(32, 4, 7, 100, FilterSettings(), torch.Generator().manual_seed(5)), device)
     case.pop("uniforms")
-    gen = lambda: torch.Generator(device=device).manual_seed(99)  # noqa: E731
-    a = ops.branch_verify(**case, generator=gen())
-    b = ops.branch_verify(**case, generator=gen())
-    assert torch.equal(a.output_tokens, b.output_tokens)
+    gen = lambda seed: torch.Generator(device=device).manual_seed(seed)  # noqa: E731
+    a = ops.branch_verify(**case, generator=gen(99))
+    explicit = torch.rand(32, 8, dtype=torch.float64, device=device, generator=gen(99))
+    b = ops.branch_verify(**case, uniforms=explicit)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+    other = ops.branch_verify(**case, generator=gen(100))
+    assert not torch.equal(a.output_tokens, other.output_tokens)
 
 
 # --- losslessness ---------------------------------------------------------------------------

@@ -109,11 +109,22 @@ def test_single_branch_is_standard_speculative_sampling(device):
     logits = torch.randn(32, 5, 40, generator=g)
     draft_logits = torch.randn(32, 1, 4, 40, generator=g)
     tokens = torch.randint(0, 40, (32, 4), generator=g)
+    uniforms = torch.rand(32, 5, generator=g, dtype=torch.float64)
     result = ops.mixture_verify(logits.to(device), draft_logits.to(device), torch.ones(32, 1).to(device),
-                                tokens.to(device), generator=torch.Generator(device=device).manual_seed(1))
-    p = logits.double().softmax(-1)[:, :4].gather(-1, tokens[..., None]).squeeze(-1)
-    q = draft_logits[:, 0].double().softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
+                                tokens.to(device), uniforms.to(device))
+    p_all, q_all = logits.double().softmax(-1), draft_logits[:, 0].double().softmax(-1)
+    p = p_all[:, :4].gather(-1, tokens[..., None]).squeeze(-1)
+    q = q_all.gather(-1, tokens[..., None]).squeeze(-1)
     torch.testing.assert_close(result.accept_probs.cpu(), (p / q).clamp(max=1).float(), atol=1e-6, rtol=0)
+    # a rejection's correction: [p - q]+ renormalised, by inverse CDF on the row's last uniform
+    k = result.num_accepted.cpu().long()
+    corrections = result.output_tokens.cpu()[torch.arange(32), k]
+    rejected = (k < 4).nonzero().flatten().tolist()
+    assert rejected
+    for n in rejected:
+        residual = (p_all[n, k[n]] - q_all[n, k[n]]).clamp(min=0)
+        want = reference.inverse_cdf_sample((residual / residual.sum())[None], uniforms[n, 4:5])[0]
+        assert int(corrections[n]) == int(want), n
 
 
 SAMPLES = 60_000
