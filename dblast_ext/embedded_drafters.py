@@ -21,7 +21,12 @@ def embedded_drafter_dir(name: str) -> str:
 
 
 def resolve_drafter(path: str) -> str:
-    """A drafter argument to a directory: an embedded name unless a directory of that name exists."""
+    """A drafter argument to a directory: an embedded name unless a directory of that name exists.
+    A bare name that is neither (a mistyped embedded name, most likely) is refused with the
+    embedded names listed; a missing path is left to the caller's file check."""
     if path in EMBEDDED_DRAFTERS and not os.path.isdir(path):
         return embedded_drafter_dir(path)
+    if not os.path.exists(path) and os.sep not in path and not (os.altsep and os.altsep in path):
+        raise FileNotFoundError(f"no drafter {path!r}: neither a local directory nor an embedded drafter "
+                                f"(embedded: {', '.join(sorted(EMBEDDED_DRAFTERS))})")
     return path

@@ -108,7 +108,7 @@ def test_dblast_demo_runs_within_minutes(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert time.time() - started < 300
     out = done.stdout
-    assert out.count("committed length") >= 4 and "ceiling (all accepted)" in out
+    assert out.count("committed length") >= 4 and "ceiling (n = b = B - 1: all drafts accepted)" in out
     assert "speed-up:" in out and "[4/4]" in out and "a cycle costs" in out
 
 

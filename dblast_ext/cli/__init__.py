@@ -27,6 +27,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (OSError, ValueError, ImportError) as e:
         print(f"dblast {args.command}: error: {e}", file=sys.stderr)
         return 2
+    # Ctrl-C: no traceback; the commands that keep their finished work on disk say how to go on
+    except KeyboardInterrupt:
+        resume = "; rerun the same command to resume" if getattr(args, "resumable", False) else ""
+        print(f"dblast {args.command}: interrupted{resume}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -3,26 +3,33 @@ given datasets (DBLast §4) and print the grid; `dblast eval --category-temperat
 does the same and then evaluates on the other 90%."""
 from ..eval.calibration import DEFAULT_GRID, parse_grid
 from .common import add_model_args, add_sampling_args, check_args, load_decoder
-from .evaluate import add_eval_args, calibrate_category_temperature, load_all_prompts
+from .evaluate import add_eval_args, calibrate_category_temperature, check_calibration_split, load_all_prompts
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="choose the category temperature Z_T on a 10%% split",
-                              description="Choose Z_T from a grid by macro-average expected accepted length on a "
-                                          "disjoint 10%% calibration split; writes calibration.json and a plot.")
+                              description="Choose Z_T for a K > 1 drafter from a grid by macro-average expected "
+                                          "accepted length (over every response) on a disjoint 10% calibration "
+                                          "split (at least 2 prompts per dataset); writes zt_<Z_T>.jsonl records "
+                                          "per grid value (rerunning with the same --out resumes them), "
+                                          "calibration.json and calibration.png into --out.")
     add_model_args(p)
     add_sampling_args(p)
-    add_eval_args(p)
-    p.add_argument("--grid", default=",".join(str(z) for z in DEFAULT_GRID), help="Z_T values to try")
+    # no timing, and the score counts every response: no --measure-speedup or --all-responses
+    add_eval_args(p, measure_speedup=False, all_responses=False)
+    p.add_argument("--grid", default=",".join(str(z) for z in DEFAULT_GRID),
+                   help="Z_T values to try (default %(default)s)")
 
 
 def run(args) -> int:
-    check_args(args)
+    drafter_config = check_args(args)
+    if drafter_config.num_branches == 1:
+        raise ValueError("the drafter has one branch, so Z_T changes nothing: nothing to calibrate "
+                         "(give a K > 1 drafter, or --branches K for an untrained head)")
     grid = parse_grid(args.grid)
     prompts = load_all_prompts(args)
+    check_calibration_split(args, prompts)
     decoder, tokenizer = load_decoder(args)
-    if decoder.drafter.num_branches == 1:
-        raise ValueError("the drafter has one branch, so Z_T changes nothing: nothing to calibrate")
     best, _, result = calibrate_category_temperature(args, decoder, tokenizer, prompts, args.out, grid)
     print("| Z_T | macro expected accepted |\n| ---: | ---: |")
     for z, score in zip(result["grid"], result["scores"]):

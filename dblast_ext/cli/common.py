@@ -1,6 +1,12 @@
-"""Flags and loading shared by the subcommands that run a target with a drafter."""
+"""Flags, checks and loading shared by the subcommands."""
+import json
+from typing import Optional
+
+import torch
+
 from ..decoding import SamplingParams, SpeculativeDecoder
-from ..drafter_io import checkpoint_files, load_drafter
+from ..drafter import DrafterConfig
+from ..drafter_io import checkpoint_files, config_from_json, load_drafter
 from ..target_loading import check_target_path, default_device, load_target, resolve_dtype
 
 
@@ -14,12 +20,15 @@ def add_target_args(p) -> None:
 
 def add_runtime_args(p) -> None:
     """How the models run (--device, --dtype) and --seed."""
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16 (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
 
 
-def add_model_args(p) -> None:
+def add_model_args(p, *, block_size: bool = True) -> None:
+    """The target and drafter flags; `block_size=False` leaves --block-size to a subcommand
+    that gives it another meaning."""
     add_target_args(p)
     p.add_argument("--drafter", required=True,
                    help="local directory of a DFlash or DBLast drafter checkpoint, or an embedded drafter for the "
@@ -27,16 +36,19 @@ def add_model_args(p) -> None:
     p.add_argument("--branches", type=int, default=None,
                    help="K: add a K-branch head to a DFlash (K = 1) checkpoint (untrained: for trying the "
                         "machinery; a DBLast checkpoint brings its own)")
-    p.add_argument("--block-size", type=int, default=None,
-                   help="run the drafter at another block size than it was trained for (naive expansion)")
+    if block_size:
+        p.add_argument("--block-size", type=int, default=None,
+                       help="run the drafter at another block size than it was trained for (naive expansion)")
     p.add_argument("--no-kernels", action="store_true", help="run the reference ops instead of the compiled kernels")
 
 
 def add_sampling_args(p, temperature: float = 1.0) -> None:
-    p.add_argument("--temperature", type=float, default=temperature, help="sampling temperature; 0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass; 1 = off")
-    p.add_argument("--top-k", type=int, default=0, help="top-k; 0 = off")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=temperature,
+                   help="sampling temperature; 0 = greedy (default %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass; 1 = off (default %(default)s)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k; 0 = off (default %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=256,
+                   help="most tokens generated per response (default %(default)s)")
 
 
 def check_sampling_args(args) -> None:
@@ -48,13 +60,60 @@ def check_sampling_args(args) -> None:
         raise ValueError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
 
 
+def check_device(device: Optional[str], flag: str = "--device") -> None:
+    """A device torch parses, and for CUDA one this machine has: otherwise the error would come
+    only after the model has loaded (or as a traceback from torch)."""
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"{flag} must be cpu, cuda or cuda:N, got {device!r}") from None
+    if parsed.type not in ("cpu", "cuda"):  # the kernels and the tested paths are CPU and CUDA only
+        raise ValueError(f"{flag} must be cpu, cuda or cuda:N, got {device!r}")
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{flag} {device}: CUDA is not available on this machine (use --device cpu)")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(f"{flag} {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+def check_runtime_args(args) -> None:
+    """--device and --dtype."""
+    check_device(args.device)
+    try:
+        resolve_dtype(args.dtype, "cpu")
+    except ValueError as e:
+        raise ValueError(f"--dtype: {e}") from None
+
+
 def check_target_args(args) -> None:
-    resolve_dtype(args.dtype, args.device or default_device())
+    check_runtime_args(args)
     check_target_path(args.target)
 
 
-def check_args(args) -> None:
-    """Cheap checks before any model loads, each naming its flag."""
+def read_drafter_config(args) -> DrafterConfig:
+    """The drafter's config as the run will use it (--branches applied), from its config.json
+    alone: the checks that depend on the drafter run before any weights load."""
+    try:
+        config_path, _ = checkpoint_files(args.drafter)
+        with open(config_path) as f:
+            config = config_from_json(json.load(f))
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"--drafter: {e}") from None
+    except ValueError as e:  # not JSON, or not a DFlash/DBLast config
+        raise ValueError(f"--drafter: {e}") from None
+    if args.branches is not None and args.branches != config.num_branches:
+        if config.num_branches != 1:
+            raise ValueError(f"--branches {args.branches}: the checkpoint already has {config.num_branches} branches "
+                             "(a head can only be added to a K = 1 checkpoint)")
+        config.num_branches = args.branches
+    return config
+
+
+def check_args(args) -> DrafterConfig:
+    """Cheap checks before any model loads, each naming its flag; returns the drafter's config
+    (read_drafter_config) for the subcommands' own checks."""
     check_sampling_args(args)
     if args.branches is not None and args.branches < 1:
         raise ValueError(f"--branches must be >= 1, got {args.branches}")
@@ -64,7 +123,7 @@ def check_args(args) -> None:
     if isinstance(z, float) and z < 0:  # `dblast eval` also takes "calibrate" and checks it itself
         raise ValueError(f"--category-temperature must be >= 0, got {z}")
     check_target_args(args)
-    checkpoint_files(args.drafter)
+    return read_drafter_config(args)
 
 
 def sampling_of(args) -> SamplingParams:

@@ -11,10 +11,13 @@ def add_parser(subparsers) -> None:
                                           "dataset, delta tau against the first run with a paired bootstrap 95% "
                                           "interval and p-value, Holm step-down over the family.")
     p.add_argument("runs", nargs="+", help="run directories (or records.jsonl files); the first is the baseline")
-    p.add_argument("--alpha", type=float, default=0.05, help="family-wise error rate for Holm (default 0.05)")
+    p.add_argument("--alpha", type=float, default=0.05,
+                   help="family-wise error rate for Holm (default %(default)s)")
     p.add_argument("--all-responses", action="store_true", help="also count responses that did not end with EOS")
-    p.add_argument("--n-boot", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-boot", type=int, default=2000,
+                   help="bootstrap resamples for the 95%% intervals and sign flips for the p-values, >= 1 (the "
+                        "smallest p-value is 1 / (N + 1)) (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the resampling (default %(default)s)")
     p.add_argument("--out", default=None, help="also write the table to this Markdown file")
 
 
@@ -23,6 +26,8 @@ def compare_runs(runs, *, alpha=0.05, eos_only=True, n_boot=2000, seed=0):
         raise ValueError("compare needs at least two runs: a baseline and one to compare with it")
     if not 0 < alpha < 1:
         raise ValueError(f"--alpha must lie in (0, 1), got {alpha}")
+    if n_boot < 1:
+        raise ValueError(f"--n-boot must be >= 1, got {n_boot}")
     loaded = [read_run_records(r) for r in runs]
     datasets = sorted({r["dataset"] for r in loaded[0]})
     rows = []

@@ -5,8 +5,9 @@ import os
 
 from ..decoding import SamplingParams
 from ..eval.datasets import load_prompts, parse_dataset_list
-from ..target_loading import check_target_path, default_device, load_target, resolve_dtype
+from ..target_loading import load_target
 from ..training.data import check_existing, generate_training_data, sampling_settings
+from .common import add_sampling_args, add_target_args, check_sampling_args, check_target_args
 
 
 def add_parser(subparsers) -> None:
@@ -18,56 +19,41 @@ def add_parser(subparsers) -> None:
                                        "distribution (temperature, top-k, top-p) and store prompt + response ids, "
                                        "the loss mask and the target's log-probabilities, one JSON line per "
                                        "(prompt, sample). Rerunning with the same --out resumes.")
-    g.add_argument("--target", default="default",
-                   help="local directory of a transformers causal LM (+ tokenizer); 'default' (the default) is the "
-                        "embedded SmolLM2-135M-Instruct")
+    add_target_args(g)
     g.add_argument("--prompts", required=True,
                    help="comma-separated: .jsonl files (`prompt` or chat `messages` per line) or gsm8k, math500, "
                         "humaneval, mtbench; the first user turn of each prompt is used")
     g.add_argument("--out", required=True, help="output .jsonl (an existing one is resumed)")
-    g.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 = greedy")
-    g.add_argument("--top-p", type=float, default=0.8, help="nucleus mass; 1 = off")
-    g.add_argument("--top-k", type=int, default=20, help="top-k; 0 = off")
-    g.add_argument("--samples-per-prompt", type=int, default=1)
-    g.add_argument("--max-new-tokens", type=int, default=256)
-    g.add_argument("--batch-size", type=int, default=8, help="sequences sampled at once")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    g.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
+    add_sampling_args(g, temperature=0.7)
+    g.set_defaults(top_p=0.8, top_k=20)
+    g.add_argument("--samples-per-prompt", type=int, default=1, help="responses per prompt (default %(default)s)")
+    g.add_argument("--batch-size", type=int, default=8, help="sequences sampled at once (default %(default)s)")
     g.add_argument("--num-prompts", type=int, default=None, help="the first N prompts of each dataset")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.set_defaults(resumable=True)  # main's message on Ctrl-C
 
 
 def check_generate_args(args) -> None:
     """Cheap checks before any model loads, each naming its flag."""
-    for flag, value in (("--samples-per-prompt", args.samples_per_prompt), ("--batch-size", args.batch_size),
-                        ("--max-new-tokens", args.max_new_tokens)):
+    for flag, value in (("--samples-per-prompt", args.samples_per_prompt), ("--batch-size", args.batch_size)):
         if value <= 0:
             raise ValueError(f"{flag} must be > 0, got {value}")
     if args.num_prompts is not None and args.num_prompts <= 0:
         raise ValueError(f"--num-prompts must be > 0, got {args.num_prompts}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
-    try:
-        resolve_dtype(args.dtype, args.device or default_device())
-    except ValueError as e:
-        raise ValueError(f"--{e}") from None
-    check_target_path(args.target)
+    check_sampling_args(args)
+    check_target_args(args)
     if os.path.isdir(args.out):
         raise ValueError(f"--out {args.out!r} is a directory; give a .jsonl file path")
 
 
 def run_generate(args) -> int:
     check_generate_args(args)
+    prompts = []
     try:
-        names = parse_dataset_list(args.prompts)
+        for name in parse_dataset_list(args.prompts):
+            prompts += load_prompts(name, limit=args.num_prompts)
     except ValueError as e:
         raise ValueError(f"--prompts: {e}") from None
-    prompts = []
-    for name in names:
-        prompts += load_prompts(name, limit=args.num_prompts)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
     check_existing(args.out, sampling_settings(sampling, args.max_new_tokens, args.seed))  # before loading
     parent = os.path.dirname(os.path.abspath(args.out))

@@ -25,11 +25,11 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("demo", help="speculative sampling on the embedded SmolLM2 + DBLast pair",
                               description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--drafter", default="dblast-k4", choices=sorted(EMBEDDED_DRAFTERS),
-                   help="which embedded drafter drafts (default dblast-k4)")
+                   help="which embedded drafter drafts (default %(default)s)")
     add_sampling_args(p, temperature=1.0)
     p.set_defaults(top_p=0.95, top_k=20, max_new_tokens=128)
     p.add_argument("--prompts", type=int, default=len(DEMO_PROMPTS),
-                   help=f"how many of the {len(DEMO_PROMPTS)} built-in prompts to answer")
+                   help=f"how many of the {len(DEMO_PROMPTS)} built-in prompts to answer (default %(default)s)")
     p.add_argument("--block-size", type=int, default=None,
                    help="draft blocks of this length instead of the trained 16 (a shorter block verifies fewer "
                         "tokens per target pass, which pays on a CPU where a pass costs in proportion to its length)")

@@ -39,32 +39,56 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("diagnose", help="ceiling bin, block expansion and early-determinism diagnostics",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     kinds = p.add_subparsers(dest="kind", metavar="KIND", required=True)
-    c = kinds.add_parser("ceiling", help="histogram and ceiling fraction per dataset of eval runs")
+    c = kinds.add_parser("ceiling", help="histogram and ceiling fraction per dataset of eval runs",
+                         description="Print, for each dataset of finished `dblast eval` runs, the acceptance "
+                                     "histogram and the ceiling fraction (cycles that accepted every draft, "
+                                     "n = b = B - 1): a large one means the block horizon clips acceptance "
+                                     "(DBloom §4.1). Reads the runs only; writes nothing.")
     c.add_argument("runs", nargs="+", help="`dblast eval` output directories (or records.jsonl files)")
     c.add_argument("--all-responses", action="store_true", help="also count responses that did not end with EOS")
-    e = kinds.add_parser("expansion", help="G / L decomposition of running a drafter at a larger block")
-    add_model_args(e)
+    e = kinds.add_parser("expansion", help="G / L decomposition of running a drafter at a larger block",
+                         description="Run the drafter at its trained block and at the wider --block-size on the "
+                                     "same prompts and decompose the change in mean accepted drafts into uncapped "
+                                     "gain G and front erosion L (DBloom Eq 4-5, Table 10). Writes "
+                                     "records_block<B>.jsonl for both blocks (rerunning with the same --out "
+                                     "resumes them), expansion.json and expansion.md into --out.")
+    add_model_args(e, block_size=False)
+    e.add_argument("--block-size", type=int, required=True,
+                   help="the wider block B to run the drafter at, larger than the block it was trained at (e.g. 24)")
     add_sampling_args(e, temperature=0.0)
-    add_eval_args(e)
-    e.add_argument("--category-temperature", type=float, default=1.0)
-    d = kinds.add_parser("determinism", help="accepted length binned by target-block early determinism")
+    add_eval_args(e, measure_speedup=False)  # acceptance only, nothing timed
+    e.add_argument("--category-temperature", type=float, default=1.0,
+                   help="Z_T, the prior's temperature (default %(default)s)")
+    d = kinds.add_parser("determinism", help="accepted length binned by target-block early determinism",
+                         description="Sample the target's own responses (first turns), truncate them at "
+                                     "--truncations random points, and at each point measure the target block's "
+                                     "early determinism (from --samples sampled target blocks) and the expected "
+                                     "accepted length of the drafter's first cycle; report the mean per "
+                                     "determinism bin (DBLast Eq 22-24, Figure 1). Writes determinism.json "
+                                     "(settings, bins, points), determinism.md and determinism.png into --out; "
+                                     "a rerun recomputes everything.")
     add_model_args(d)
     add_sampling_args(d)
-    add_eval_args(d)
-    d.add_argument("--category-temperature", type=float, default=1.0)
-    d.add_argument("--truncations", type=int, default=200, help="truncation points sampled over the responses")
-    d.add_argument("--samples", type=int, default=20, help="M, target blocks sampled per truncation point")
-    o = kinds.add_parser("oracle", help="committed length of an always-the-top-token drafter (no drafter needed)")
+    # the expected accepted length of one first cycle per point: nothing timed, no EOS filter, no resume
+    add_eval_args(d, measure_speedup=False, all_responses=False, resumes=False)
+    d.add_argument("--category-temperature", type=float, default=1.0,
+                   help="Z_T, the prior's temperature (default %(default)s)")
+    d.add_argument("--truncations", type=int, default=200,
+                   help="truncation points sampled over the responses (default %(default)s)")
+    d.add_argument("--samples", type=int, default=20,
+                   help="M, target blocks sampled per truncation point (default %(default)s)")
+    o = kinds.add_parser("oracle", help="committed length of an always-the-top-token drafter (no drafter needed)",
+                         description="The committed length of a drafter that always drafts the target's most "
+                                     "likely token, read off the target's own responses to the first turn of "
+                                     "each prompt (no drafter needed): a drafter-free reference for one-branch "
+                                     "greedy drafting on this target and filter. Writes records.jsonl (rerunning "
+                                     "with the same --out resumes), oracle.json, oracle.md and "
+                                     "histogram_<dataset>.png into --out.")
     add_target_args(o)
-    o.add_argument("--block-size", type=int, default=16, help="b: the oracle drafts b - 1 tokens per cycle (16)")
+    o.add_argument("--block-size", type=int, default=16,
+                   help="B: the oracle drafts B - 1 tokens per cycle (default %(default)s)")
     add_sampling_args(o)
-    o.add_argument("--datasets", default="gsm8k,mtbench,humaneval,math500",
-                   help="comma-separated: gsm8k, math500, humaneval, mtbench, or .jsonl paths (first turns)")
-    o.add_argument("--num-prompts", type=int, default=None, help="the first N prompts of each dataset")
-    o.add_argument("--all-responses", action="store_true",
-                   help="statistics over every response, not only those that ended with EOS")
-    o.add_argument("--out", required=True, help="output directory (created; an existing one is resumed)")
-    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_eval_args(o, measure_speedup=False)  # the oracle is never timed
 
 
 def run(args) -> int:
@@ -73,7 +97,7 @@ def run(args) -> int:
 
 
 def run_ceiling(args) -> int:
-    print("| run | dataset | block | cycles | mean n | ceiling fraction (n = b) |")
+    print("| run | dataset | block | cycles | mean n | ceiling fraction (n = b = B - 1) |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     histograms, skipped = [], []
     for run_dir in args.runs:
@@ -94,17 +118,14 @@ def run_ceiling(args) -> int:
 
 
 def run_expansion(args) -> int:
-    check_args(args)
-    if args.block_size is None:
-        raise ValueError("--block-size (the wider block to diagnose, e.g. 24) is required")
+    trained = check_args(args).block_size
     wider = args.block_size
+    if wider <= trained:
+        raise ValueError(f"--block-size {wider} must exceed the drafter's trained block size {trained}")
     prompts = load_all_prompts(args)
     os.makedirs(args.out, exist_ok=True)
     args.block_size = None
     decoder, tokenizer = load_decoder(args, args.category_temperature)
-    trained = decoder.drafter.config.block_size
-    if wider <= trained:
-        raise ValueError(f"--block-size {wider} must exceed the drafter's trained block size {trained}")
     runs = {}
     for label, block in (("trained", trained), ("wider", wider)):
         decoder.drafter.config.block_size = block
@@ -173,7 +194,7 @@ def run_determinism(args) -> int:
         cycle = decoder.first_cycle(prefix, sampling, seed=args.seed + k)
         points.append({"determinism": d, "expected_accepted": cycle.expected_accepted,
                        "accepted": cycle.num_accepted})
-        if (k + 1) % max(1, args.truncations // 10) == 0:
+        if not args.no_progress and (k + 1) % max(1, args.truncations // 10) == 0:
             print(f"determinism: {k + 1}/{args.truncations} truncation points", file=sys.stderr)
     bins = bin_by_determinism([p["determinism"] for p in points], [p["expected_accepted"] for p in points])
     with open(os.path.join(args.out, "determinism.json"), "w") as f:

@@ -3,15 +3,16 @@ from typing import Sequence
 
 
 def acceptance_histogram(counts: Sequence[int], width: int = 40) -> str:
-    """One line per accepted count n = 0..b (counts[n] cycles) with a bar, the count and the
-    share; the last line (n = b, every draft accepted) is the ceiling bin and is marked."""
+    """One line per accepted count n = 0..b (counts[n] cycles; b = B - 1 drafts for block B) with a
+    bar, the count and the share; the last line (n = b = B - 1, every draft accepted) is the
+    ceiling bin and is marked."""
     num_draft = len(counts) - 1
     total = max(1, sum(counts))
     peak = max(counts) or 1
     lines = []
     for n, count in enumerate(counts):
         bar = "#" * round(width * count / peak)
-        mark = "  <- ceiling (all accepted)" if n == num_draft else ""
+        mark = "  <- ceiling (n = b = B - 1: all drafts accepted)" if n == num_draft else ""
         lines.append(f"  n={n:>2} {bar:<{width}} {count:>5} {100 * count / total:5.1f}%{mark}")
     return "\n".join(lines)
 

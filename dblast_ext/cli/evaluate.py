@@ -16,6 +16,8 @@ from ..eval.datasets import chat_messages
 from ..target_loading import encode_messages
 from .common import add_model_args, add_sampling_args, check_args, load_decoder, sampling_of
 
+CALIBRATION_FRACTION = 0.1  # of each dataset's prompts, held out to choose Z_T on
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("eval", help="committed length, histograms and speed-up on benchmarks",
@@ -26,29 +28,52 @@ def add_parser(subparsers) -> None:
     add_sampling_args(p)
     add_eval_args(p)
     p.add_argument("--category-temperature", default="1.0",
-                   help="Z_T, or 'calibrate' to choose it on a 10%% split first (grid --grid)")
-    p.add_argument("--grid", default=",".join(str(z) for z in DEFAULT_GRID), help="Z_T grid for calibration")
+                   help="Z_T, or 'calibrate' to choose it on a 10%% split first (grid --grid; at least 2 prompts "
+                        "per dataset) (default %(default)s)")
+    p.add_argument("--grid", default=",".join(str(z) for z in DEFAULT_GRID),
+                   help="Z_T grid for calibration (default %(default)s)")
 
 
-def add_eval_args(p) -> None:
+def add_eval_args(p, *, measure_speedup: bool = True, all_responses: bool = True, resumes: bool = True) -> None:
+    """The prompt, output and progress flags of the subcommands that run benchmarks; each
+    subcommand takes --measure-speedup / --all-responses only where it uses them, and
+    `resumes` says whether rerunning into the same --out continues a run."""
     p.add_argument("--datasets", default="gsm8k,mtbench,humaneval,math500",
-                   help="comma-separated: gsm8k, math500, humaneval, mtbench, or .jsonl paths")
+                   help="comma-separated: gsm8k, math500, humaneval, mtbench, or .jsonl paths (default %(default)s)")
     p.add_argument("--num-prompts", type=int, default=None, help="the first N prompts of each dataset")
-    p.add_argument("--measure-speedup", action="store_true",
-                   help="also time target-only sampling of every prompt (same seed and filter)")
-    p.add_argument("--all-responses", action="store_true",
-                   help="acceptance statistics over every response, not only those that ended with EOS")
-    p.add_argument("--out", required=True, help="output directory (created; an existing one is resumed)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    if measure_speedup:
+        p.add_argument("--measure-speedup", action="store_true",
+                       help="also time target-only sampling of every prompt (same seed and filter)")
+    if all_responses:
+        p.add_argument("--all-responses", action="store_true",
+                       help="acceptance statistics over every response, not only those that ended with EOS")
+    p.add_argument("--out", required=True,
+                   help="output directory (created; an existing one is resumed)" if resumes else
+                   "output directory (created; the results are recomputed whole, not resumed)")
+    p.add_argument("--no-progress", action="store_true", help="no progress output")
+    p.set_defaults(resumable=resumes)  # main's message on Ctrl-C
 
 
 def load_all_prompts(args):
     if args.num_prompts is not None and args.num_prompts <= 0:
         raise ValueError(f"--num-prompts must be > 0, got {args.num_prompts}")
     prompts = []
-    for name in parse_dataset_list(args.datasets):
-        prompts += load_prompts(name, limit=args.num_prompts)
+    try:
+        for name in parse_dataset_list(args.datasets):
+            prompts += load_prompts(name, limit=args.num_prompts)
+    except ValueError as e:
+        raise ValueError(f"--datasets: {e}") from None
     return prompts
+
+
+def check_calibration_split(args, prompts) -> None:
+    """The calibration split needs prompts to spare in every dataset: checked on the prompts
+    before any model loads, not when calibration starts."""
+    try:
+        split_prompts(prompts, CALIBRATION_FRACTION, args.seed)
+    except ValueError as e:
+        flag = f"--num-prompts {args.num_prompts}" if args.num_prompts is not None else "--datasets"
+        raise ValueError(f"{flag}: {e}") from None
 
 
 def model_name(path: str) -> str:
@@ -80,7 +105,7 @@ def generate_records(args, decoder, tokenizer, prompts, records_path, category_t
 def calibrate_category_temperature(args, decoder, tokenizer, prompts, out_dir, grid):
     """Runs the calibration split at every grid value (records kept under out_dir, so this
     resumes too) and returns (chosen Z_T, the evaluation split, the calibration result)."""
-    calibration_prompts, evaluation_prompts = split_prompts(prompts, 0.1, args.seed)
+    calibration_prompts, evaluation_prompts = split_prompts(prompts, CALIBRATION_FRACTION, args.seed)
     os.makedirs(out_dir, exist_ok=True)
     if decoder.drafter.num_branches == 1:
         # one branch: Z_T changes nothing, so nothing to run; the split is still held out, so a
@@ -130,6 +155,8 @@ def run(args) -> int:
             raise ValueError(f"--category-temperature must be >= 0, got {z}")
     grid = parse_grid(args.grid)
     prompts = load_all_prompts(args)
+    if calibrating:
+        check_calibration_split(args, prompts)
     os.makedirs(args.out, exist_ok=True)
     decoder, tokenizer = load_decoder(args)
     calibration = None

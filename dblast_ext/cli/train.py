@@ -5,28 +5,40 @@ import sys
 
 from ..training.config import load_config
 from ..training.trainer import train
+from .common import check_device
+
+# config field -> the flag that overrides it (each flag's dest is its field)
+OVERRIDE_FLAGS = {"out": "--out", "init_from": "--init-from", "block_size": "--block-size",
+                  "new_position_weight": "--new-position-weight", "objective": "--objective",
+                  "num_branches": "--num-branches", "max_steps": "--max-steps", "device": "--device"}
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("train", help="train a drafter (nll / al objectives, block expansion, resume)",
                               description=__doc__)
     p.add_argument("--config", required=True, help="JSON training config (see dblast_ext/training/config.py)")
-    p.add_argument("--out", default=None, help="output directory (checkpoints, logs, final/)")
-    p.add_argument("--init-from", default=None, help="DFlash or DBLast checkpoint to start from")
+    p.add_argument("--out", default=None, help="output directory (checkpoints, logs, final/); rerunning resumes")
+    p.add_argument("--init-from", default=None,
+                   help="DFlash or DBLast checkpoint directory to start from, or an embedded drafter "
+                        "(dblast-k4, dflash-k1)")
     p.add_argument("--block-size", type=int, default=None, help="train at this block size (expansion: > checkpoint's)")
     p.add_argument("--new-position-weight", type=float, default=None,
                    help="loss weight of the positions a block expansion adds (DBloom: 3.0)")
-    p.add_argument("--objective", choices=("nll", "al"), default=None)
-    p.add_argument("--num-branches", type=int, default=None)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--device", default=None)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--objective", choices=("nll", "al"), default=None,
+                   help="nll: next-token cross-entropy; al: the accepted-length surrogate (DBLast)")
+    p.add_argument("--num-branches", type=int, default=None,
+                   help="K: branches of the drafter (adds a K-branch head to a K = 1 --init-from checkpoint)")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps (else epochs)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the config's, else cuda when "
+                                                  "available)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(resumable=True)  # main's message on Ctrl-C
 
 
 def run(args) -> int:
-    config = load_config(args.config, out=args.out, init_from=args.init_from, block_size=args.block_size,
-                         new_position_weight=args.new_position_weight, objective=args.objective,
-                         num_branches=args.num_branches, max_steps=args.max_steps, device=args.device)
+    config = load_config(args.config, flag_names=OVERRIDE_FLAGS,
+                         **{field: getattr(args, field) for field in OVERRIDE_FLAGS})
+    check_device(config.device, "--device" if args.device is not None else "training config: device")
     result = train(config, progress=not args.no_progress)
     last = result["history"][-1] if result["history"] else None
     if last:

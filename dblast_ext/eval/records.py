@@ -44,9 +44,19 @@ def clip_last_cycle(record: dict) -> dict:
     return record
 
 
+# what every reader of records needs: a file without them is not a records file
+REQUIRED_FIELDS = ("dataset", "prompt_id", "accepted", "block_size", "eos_terminated")
+
+
 def read_records(path: str, *, live: bool = False) -> List[dict]:
     """`live`: the run may still be appending (its last line may be half written)."""
-    return [clip_last_cycle(record) for _, record in read_jsonl(path, "records", live=live)]
+    records = []
+    for where, record in read_jsonl(path, "records", live=live):
+        missing = [k for k in REQUIRED_FIELDS if not isinstance(record, dict) or k not in record]
+        if missing:
+            raise ValueError(f"{where} lacks {missing}: not an evaluation records file (`dblast eval` writes them)")
+        records.append(clip_last_cycle(record))
+    return records
 
 
 def read_run_records(path: str, *, live: bool = False) -> List[dict]:

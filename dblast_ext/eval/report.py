@@ -86,7 +86,7 @@ def plot_histogram(path: str, histogram: Sequence[int], title: str) -> None:
     colors = ["#4c72b0"] * (len(histogram) - 1) + ["#c44e52"]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.bar(range(len(histogram)), shares, color=colors)
-    ax.set_xlabel("accepted drafts n per cycle (ceiling bin n = b in red)")
+    ax.set_xlabel("accepted drafts n per cycle (ceiling bin n = b = B - 1 in red)")
     ax.set_ylabel("cycles (%)")
     ax.set_title(title)
     ax.set_xticks(range(len(histogram)))

@@ -5,7 +5,8 @@
       "data": "train.jsonl",                 # `dblast data generate` output
       "eval_data": "heldout.jsonl",          # optional: loss and acceptance proxy at each checkpoint
       "out": "runs/dblast-k4",
-      "init_from": "path/to/dflash",         # DFlash/DBLast checkpoint; null = from scratch ("drafter")
+      "init_from": "path/to/dflash",         # DFlash/DBLast checkpoint or an embedded drafter's name
+                                             # (dblast-k4, dflash-k1); null = from scratch ("drafter")
       "drafter": {"num_hidden_layers": 1, "target_layer_ids": [1, 4], "mask_token_id": 97},
       "num_branches": 4, "block_size": 16,
       "objective": "al", "tau": 0.1, "al_variant": "all_prefixes",
@@ -23,7 +24,7 @@
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
-from typing import Optional
+from typing import Dict, Optional
 
 from .losses import AL_VARIANTS
 
@@ -69,20 +70,25 @@ class TrainConfig:
 
 def _positive(name, value):
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"training config: {name} must be a positive integer, got {value!r}")
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def validate(c: TrainConfig) -> TrainConfig:
-    for name in ("num_anchors", "batch_size", "grad_accum", "epochs", "save_every", "log_every", "chunk_size"):
-        _positive(name, getattr(c, name))
+def validate(c: TrainConfig, flags: Optional[Dict[str, str]] = None) -> TrainConfig:
+    """Checks every field; `flags` maps the fields a command-line flag set to that flag, which
+    their errors name instead of the config field."""
+    def name(key: str) -> str:
+        return (flags or {}).get(key) or f"training config: {key}"
+
+    for key in ("num_anchors", "batch_size", "grad_accum", "epochs", "save_every", "log_every", "chunk_size"):
+        _positive(name(key), getattr(c, key))
     if c.max_steps is not None:
-        _positive("max_steps", c.max_steps)
+        _positive(name("max_steps"), c.max_steps)
     if c.num_branches is not None:
-        _positive("num_branches", c.num_branches)
+        _positive(name("num_branches"), c.num_branches)
     if c.block_size is not None and (not isinstance(c.block_size, int) or c.block_size < 2):
-        raise ValueError(f"training config: block_size must be an integer >= 2, got {c.block_size!r}")
+        raise ValueError(f"{name('block_size')} must be an integer >= 2, got {c.block_size!r}")
     if c.objective not in ("nll", "al"):
-        raise ValueError(f"training config: objective must be 'nll' or 'al', got {c.objective!r}")
+        raise ValueError(f"{name('objective')} must be 'nll' or 'al', got {c.objective!r}")
     if c.al_variant not in AL_VARIANTS:
         raise ValueError(f"training config: al_variant must be one of {AL_VARIANTS}, got {c.al_variant!r}")
     if not c.tau >= 0:
@@ -93,26 +99,34 @@ def validate(c: TrainConfig) -> TrainConfig:
         raise ValueError(f"training config: recompute_logits must be true or false, got {c.recompute_logits!r}")
     if c.autocast not in ("auto", "bfloat16", "off"):
         raise ValueError(f"training config: autocast must be 'auto', 'bfloat16' or 'off', got {c.autocast!r}")
-    if c.new_position_weight <= 0 or (c.decay is not None and not 0 < c.decay <= 1):
-        raise ValueError("training config: new_position_weight must be > 0 and decay in (0, 1]")
+    if not c.new_position_weight > 0:
+        raise ValueError(f"{name('new_position_weight')} must be > 0, got {c.new_position_weight}")
+    if c.decay is not None and not 0 < c.decay <= 1:
+        raise ValueError(f"training config: decay must be in (0, 1], got {c.decay}")
+    from ..drafter_io import checkpoint_files
     from ..target_loading import check_target_path
 
-    check_target_path(c.target, "training config: target")
-    for name in ("data", "eval_data"):
-        path = getattr(c, name)
+    check_target_path(c.target, name("target"))
+    for key in ("data", "eval_data"):
+        path = getattr(c, key)
         if path is not None and not os.path.isfile(path):
-            raise FileNotFoundError(f"training config: {name} file {path!r} does not exist "
+            raise FileNotFoundError(f"training config: {key} file {path!r} does not exist "
                                     "(make it with `dblast data generate`)")
     if c.init_from is None:
         missing = [k for k in ("mask_token_id",) if k not in c.drafter]
         if missing:
             raise ValueError(f"training config: training from scratch (init_from null) needs drafter.{missing[0]}")
-    elif not os.path.isdir(c.init_from):
-        raise FileNotFoundError(f"training config: init_from {c.init_from!r} is not a local directory")
+    else:
+        try:
+            checkpoint_files(c.init_from)  # a checkpoint directory or an embedded drafter's name
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{name('init_from')}: {e}") from None
     return c
 
 
-def load_config(path: str, **overrides) -> TrainConfig:
+def load_config(path: str, flag_names: Optional[Dict[str, str]] = None, **overrides) -> TrainConfig:
+    """The config file's fields, with the `overrides` that are not None in their place;
+    `flag_names` (field -> flag) lets errors in overridden fields name the flag."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no training config at {path}")
     with open(path) as f:
@@ -124,8 +138,9 @@ def load_config(path: str, **overrides) -> TrainConfig:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"{path}: unknown training config fields {unknown}; known: {sorted(known)}")
-    raw.update({k: v for k, v in overrides.items() if v is not None})
+    overridden = {k: v for k, v in overrides.items() if v is not None}
+    raw.update(overridden)
     missing = [k for k in ("target", "data", "out") if k not in raw]
     if missing:
         raise ValueError(f"{path}: training config lacks {missing}")
-    return validate(TrainConfig(**raw))
+    return validate(TrainConfig(**raw), {k: v for k, v in (flag_names or {}).items() if k in overridden})

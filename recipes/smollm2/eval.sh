@@ -17,8 +17,8 @@
 #   determinism  accepted length binned by early determinism, MT-Bench, temperature 1.0 (not
 #            resumable: about half an hour, recomputed whole)
 #   collect  report files (summary, report, plots; not the records) into results/smollm2/
-# Environment: OUT (runs, default runs/smollm2-eval), PROMPTS (45), SPEED_PROMPTS (10), ORACLE_PROMPTS (20),
-# WORKERS (2), GRID (the Z_T grid, 0,0.5,1), MAX_NEW_TOKENS (256; smaller only for a smoke run).
+# Environment (defaults): OUT (runs/smollm2-eval), PROMPTS (45), SPEED_PROMPTS (10), ORACLE_PROMPTS (20),
+# WORKERS (2), GRID (Z_T, 0,0.5,1), MAX_NEW_TOKENS (256; fewer for a smoke run), TRUNCATIONS (200).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/smollm2-eval} PROMPTS=${PROMPTS:-45} SPEED_PROMPTS=${SPEED_PROMPTS:-10} WORKERS=${WORKERS:-2}
