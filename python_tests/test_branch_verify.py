@@ -321,6 +321,15 @@ def test_opcheck(device):
     torch.library.opcheck(torch.ops.dblast.branch_verify.default, args)
 
 
+@pytest.mark.parametrize("validate", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_opcheck_half_precision_single_branch(device, dtype, validate):
+    case = to_device(make_branch_case(6, 1, 5, 64, FilterSettings(), torch.Generator().manual_seed(11), dtype), device)
+    args = (case["target_logits"], case["branch_tokens"], case["branch_prior"], case["branch"], case["uniforms"],
+            0.0, 0, 1.0, validate)
+    torch.library.opcheck(torch.ops.dblast.branch_verify.default, args)
+
+
 def test_traces_under_torch_compile_fullgraph(device):
     case = to_device(make_branch_case(6, 4, 5, 64, FilterSettings(), torch.Generator().manual_seed(10)), device)
     compiled = torch.compile(lambda **kw: ops.branch_verify(**kw, top_k=20), fullgraph=True, backend="aot_eager")
