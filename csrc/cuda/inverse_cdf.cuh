@@ -2,7 +2,9 @@
 // dblast::cpu::inverse_cdf_draw: the first v with weight(v) > 0 whose running sum exceeds
 // u * total; the last positive token if rounding leaves the target unreached; -1 when all
 // weights are zero. One pass for the total, then a tiled block scan that stops at the tile
-// holding the crossing.
+// holding the crossing. Each thread's interval [start, end) of the running sum is cut from
+// the same inclusive sums as its neighbours' (start = the previous thread's end, bit for
+// bit), so the intervals tile the line and a target inside it always has one owner.
 #pragma once
 
 #include <climits>
@@ -17,6 +19,7 @@ __device__ int64_t block_inverse_cdf(const scalar_t* row, int64_t vocab, double 
   constexpr int kItems = 8;  // consecutive tokens per thread within a tile
   using Scan = cub::BlockScan<double, kThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ double ends[kThreads];  // inclusive sums of the tile, thread by thread
   __shared__ unsigned long long found;
 
   double local_total = 0.0;
@@ -47,11 +50,15 @@ __device__ int64_t block_inverse_cdf(const scalar_t* row, int64_t vocab, double 
       if (w[e] > 0.0) mine += w[e];
       else w[e] = 0.0;
     }
-    double before, tile_total;
-    Scan(scan_storage).ExclusiveSum(mine, before, tile_total);
-    before += running;
-    if (mine > 0.0 && before <= target && before + mine > target) {
-      double acc = before;
+    double inclusive;
+    Scan(scan_storage).InclusiveSum(mine, inclusive);
+    ends[threadIdx.x] = inclusive;
+    __syncthreads();
+    const double interval_start = running + (threadIdx.x > 0 ? ends[threadIdx.x - 1] : 0.0);
+    const double interval_end = running + inclusive;
+    const double tile_total = ends[kThreads - 1];  // read before the barrier below frees `ends`
+    if (mine > 0.0 && interval_start <= target && interval_end > target) {
+      double acc = interval_start;  // if rounding keeps acc short of target: the thread's last positive token
       long long pick = -1;
       for (int e = 0; e < kItems; ++e) {
         if (w[e] <= 0.0) continue;
@@ -63,7 +70,7 @@ __device__ int64_t block_inverse_cdf(const scalar_t* row, int64_t vocab, double 
     }
     __syncthreads();
     if (found != ULLONG_MAX) break;
-    running += tile_total;
+    running += tile_total;  // the next tile's first interval starts where this tile's last ended
   }
   const unsigned long long result = found;
   __syncthreads();
