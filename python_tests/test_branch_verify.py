@@ -73,6 +73,20 @@ def test_matches_reference_across_dtypes(device, logits_dtype, uniforms_dtype, n
     check_against_reference(case, settings, device)
 
 
+def test_logits_sliced_from_a_padded_vocabulary_match_the_reference(device):
+    """target_logits as a view [..., :V] of a padded LM head's output: not contiguous."""
+    settings = FilterSettings(0.8, 20, 0.9)
+    case = make_branch_case(16, 4, 7, 500, settings, torch.Generator().manual_seed(24))
+    padded = torch.cat([case["target_logits"], torch.randn(16, 8, 12)], dim=-1)
+    sliced = dict(case, target_logits=padded.to(device)[..., :500])
+    assert not sliced["target_logits"].is_contiguous()
+    result = ops.branch_verify(**to_device(sliced, device), **settings.kwargs())
+    expected = ops.branch_verify(**to_device(case, device), **settings.kwargs())
+    for a, b in zip(result, expected):
+        assert torch.equal(a, b)
+    check_against_reference(case, settings, device)
+
+
 @pytest.mark.parametrize("top_k", [-1, 600, 605])
 def test_a_top_k_off_or_beyond_the_vocabulary_is_no_filter(device, top_k):
     settings = FilterSettings(1.0, 0, 0.95)

@@ -79,13 +79,14 @@ def test_loads_a_dflash_checkpoint_unchanged(dflash_dir):
 @pytest.mark.parametrize("layer_types,is_causal,scale", [
     (None, None, 1.0), (["sliding_attention", "full_attention"], None, 1.0),
     (["sliding_attention", "full_attention"], False, 1.0), (None, True, 2.5)])
-def test_forward_matches_dflash_semantics(dflash_dir, use_kernels, layer_types, is_causal, scale):
+def test_forward_matches_dflash_semantics(dflash_dir, device, use_kernels, layer_types, is_causal, scale):
     extra = {} if is_causal is None else {"is_causal": is_causal}
     nested = {"mask_token_id": 97, "target_layer_ids": TARGET_LAYERS, "input_embedding_scale": scale}
     drafter = load_drafter(dflash_dir(layer_types=layer_types, sliding_window=3, dflash_config=nested, **extra))
     block, features = inputs()
-    out, _ = run(drafter, block, features, use_kernels)
-    torch.testing.assert_close(out, dflash_semantics(drafter, block, features), atol=2e-5, rtol=1e-4)
+    expected = dflash_semantics(drafter, block, features)  # on the CPU, in float32
+    out, _ = run(drafter.to(device), block.to(device), features.to(device), use_kernels)
+    torch.testing.assert_close(out.cpu(), expected, atol=2e-5, rtol=1e-4)
 
 
 @torch.no_grad()
