@@ -74,3 +74,21 @@ def test_a_missing_runs_folder_is_named(tmp_path):
                              str(tmp_path / "out")], capture_output=True, text=True)
     assert result.returncode == 2 and "--runs: no directory" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_readme_block_is_rewritten_between_its_markers(tmp_path):
+    runs, out, readme = tmp_path / "runs", tmp_path / "results", tmp_path / "README.md"
+    write_run(runs / "accept" / "dblast-k4-T0.7", 1)
+    readme.write_text("intro\n<!-- smollm2-results:begin -->\nold table\n<!-- smollm2-results:end -->\noutro\n")
+    result = subprocess.run([sys.executable, COLLECT, "--runs", str(runs), "--out", str(out), "--readme", str(readme)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    text = readme.read_text()
+    assert text.startswith("intro\n<!-- smollm2-results:begin -->\n| target | measured | met? |")
+    assert text.endswith("<!-- smollm2-results:end -->\noutro\n") and "old table" not in text
+    assert "| 0.7 (top-p 0.8) | dblast-k4 |" in text and "| 2.00 [2.00, 2.00] |" in text
+
+    readme.write_text("no markers\n")
+    result = subprocess.run([sys.executable, COLLECT, "--runs", str(runs), "--out", str(out), "--readme", str(readme)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "--readme" in result.stderr and readme.read_text() == "no markers\n"

@@ -16,7 +16,8 @@
 #            calibrated Z_T: on a CPU a target pass costs about in proportion to the tokens it verifies
 #   determinism  accepted length binned by early determinism, MT-Bench, temperature 1.0 (not
 #            resumable: about half an hour, recomputed whole)
-#   collect  report files (summary, report, plots; not the records) into results/smollm2/
+#   collect  report files (summary, report, plots; not the records) into results/smollm2/, and
+#            the results block of README.md
 # Environment (defaults): OUT (runs/smollm2-eval), PROMPTS (45), SPEED_PROMPTS (10), ORACLE_PROMPTS (20),
 # WORKERS (2), GRID (Z_T, 0,0.5,1), MAX_NEW_TOKENS (256; fewer for a smoke run), TRUNCATIONS (200).
 set -euo pipefail
@@ -85,7 +86,7 @@ for phase in $PHASES; do
         --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature "$(python recipes/smollm2/chosen_zt.py "$OUT/accept/dblast-k4-T1.0")" \
         --truncations "${TRUNCATIONS:-200}" --samples 10 --out "$OUT/determinism" | tail -8 ;;
     collect)
-      python recipes/smollm2/collect.py --runs "$OUT" --out results/smollm2 ;;
+      python recipes/smollm2/collect.py --runs "$OUT" --out results/smollm2 --readme README.md ;;
     *) echo "unknown phase $phase"; exit 2 ;;
   esac
 done
