@@ -39,7 +39,7 @@ class DrafterConfig:
     rope_theta: float = 1e6
     attention_bias: bool = False
     layer_types: Optional[List[str]] = None  # "full_attention" / "sliding_attention" per layer
-    sliding_window: Optional[int] = None
+    sliding_window: Optional[int] = None  # in force (DFlash: only with use_sliding_window)
     is_causal: Optional[bool] = None  # every layer causal (True) or not (False); None: sliding layers only
     input_embedding_scale: float = 1.0  # block embeddings = target embeddings x this
     num_branches: int = 1
@@ -49,8 +49,9 @@ class DrafterConfig:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
 
     def window(self, layer: int) -> int:
-        """The layer's sliding window (keys less than this many positions away), -1 for none."""
-        return int(self.sliding_window) if self.sliding(layer) else -1
+        """The layer's sliding window (keys less than this many positions away), -1 for none (a
+        sliding layer without a window is causal only, as in DFlash)."""
+        return int(self.sliding_window) if self.sliding(layer) and self.sliding_window is not None else -1
 
     def causal(self, layer: int) -> bool:
         """Whether the layer's block queries see only block keys at or before them (DFlash: its

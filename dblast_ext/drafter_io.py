@@ -13,7 +13,8 @@ from .drafter import DBlastDrafter, DrafterConfig
 
 _KNOWN = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
           "head_dim", "block_size", "num_target_layers", "dflash_config", "dblast_config", "vocab_size",
-          "rms_norm_eps", "rope_theta", "attention_bias", "layer_types", "sliding_window", "is_causal"}
+          "rms_norm_eps", "rope_theta", "attention_bias", "layer_types", "sliding_window", "use_sliding_window",
+          "is_causal"}
 # DFlash settings read from `dflash_config` first, then the top level (as DFlash's own loader does).
 _DRAFT_KEYS = ("mask_token_id", "target_layer_ids", "block_size", "input_embedding_scale")
 # Settings that change the drafter's math in some DFlash variant and that this drafter does not
@@ -32,6 +33,9 @@ def _rope_theta(raw: dict) -> float:
     RoPE only (a scaled variant would move every position without an error)."""
     parameters = raw.get("rope_parameters") or {}
     scaling = raw.get("rope_scaling") or {}
+    if any(isinstance(v, dict) for v in parameters.values()):
+        raise ValueError(f"drafter config.json rope_parameters per layer type {parameters} are not supported by this "
+                         f"drafter (one RoPE for every layer)")
     for key, rope in (("rope_scaling", scaling), ("rope_parameters", parameters)):
         kind = rope.get("rope_type", rope.get("type", "default"))
         if rope and kind != "default":
@@ -49,18 +53,10 @@ def config_from_json(raw: dict) -> DrafterConfig:
                          f"DFlash/DBLast checkpoint")
     for key, allowed in _UNSUPPORTED.items():
         value = _draft_value(raw, key, allowed)
-        if value != allowed and not (key == "final_logit_softcapping" and not value):
+        if (value != allowed) if allowed is not None else bool(value):  # set to something that changes the math
             raise ValueError(f"drafter config.json {key} = {value!r}: this DFlash variant is not supported "
                              f"(the drafter implements DFlash's Qwen3-style layers only)")
-    layer_types = raw.get("layer_types")
-    if layer_types is not None:
-        if len(layer_types) != raw["num_hidden_layers"] or set(layer_types) - {"full_attention", "sliding_attention"}:
-            raise ValueError(f"drafter config.json layer_types must name full_attention or sliding_attention for "
-                             f"each of the {raw['num_hidden_layers']} layers, got {layer_types}")
-        window = raw.get("sliding_window")
-        if "sliding_attention" in layer_types and not (isinstance(window, int) and window > 0):
-            raise ValueError(f"drafter config.json has sliding_attention layers but sliding_window = {window!r} "
-                             f"(a positive integer is needed)")
+    layer_types, window = _attention_layout(raw)
     heads = raw["num_attention_heads"]
     target_layer_ids = list(_draft_value(raw, "target_layer_ids"))
     is_causal = raw.get("is_causal")
@@ -74,11 +70,31 @@ def config_from_json(raw: dict) -> DrafterConfig:
         target_layer_ids=target_layer_ids, mask_token_id=int(_draft_value(raw, "mask_token_id")),
         vocab_size=raw["vocab_size"], rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=_rope_theta(raw),
         attention_bias=raw.get("attention_bias", False), layer_types=layer_types,
-        sliding_window=raw.get("sliding_window"), is_causal=None if is_causal is None else bool(is_causal),
+        sliding_window=window, is_causal=None if is_causal is None else bool(is_causal),
         input_embedding_scale=float(_draft_value(raw, "input_embedding_scale", 1.0)),
         num_branches=raw.get("dblast_config", {}).get("num_branches", 1),
         extra=_extra_fields(raw),
     )
+
+
+def _attention_layout(raw: dict):
+    """(layer_types or None, sliding window or None) as DFlash gets them from its Qwen3Config:
+    the window counts only with `use_sliding_window` (default off); without `layer_types`, the
+    layers from `max_window_layers` (default 28) on slide when a window is on. A sliding layer
+    is causal even without a window."""
+    window = raw.get("sliding_window", 4096) if raw.get("use_sliding_window", False) else None
+    if window is not None and not (isinstance(window, int) and window > 0):
+        raise ValueError(f"drafter config.json sliding_window must be a positive integer, got {window!r}")
+    layers = raw["num_hidden_layers"]
+    layer_types = raw.get("layer_types")
+    if layer_types is None and window is not None:
+        first = raw.get("max_window_layers", 28)
+        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    if layer_types is not None and (len(layer_types) != layers
+                                    or set(layer_types) - {"full_attention", "sliding_attention"}):
+        raise ValueError(f"drafter config.json layer_types must name full_attention or sliding_attention for "
+                         f"each of the {layers} layers, got {layer_types}")
+    return layer_types, window
 
 
 def _extra_fields(raw: dict) -> dict:
@@ -103,7 +119,8 @@ def config_to_json(c: DrafterConfig) -> dict:
     if c.input_embedding_scale != 1.0:
         raw["dflash_config"]["input_embedding_scale"] = c.input_embedding_scale
     if c.layer_types is not None:
-        raw.update(layer_types=c.layer_types, sliding_window=c.sliding_window)
+        raw.update(layer_types=c.layer_types, sliding_window=c.sliding_window,
+                   use_sliding_window=c.sliding_window is not None)
     if c.is_causal is not None:
         raw["is_causal"] = c.is_causal
     if c.num_branches > 1:

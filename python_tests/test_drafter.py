@@ -55,7 +55,7 @@ def dflash_semantics(drafter, block, features):
                 qp = t + qi
                 if causal and kj > qp:
                     visible[qi, kj] = False
-                if sliding and (abs(qp - kj) >= c.sliding_window):
+                if sliding and c.sliding_window is not None and abs(qp - kj) >= c.sliding_window:
                     visible[qi, kj] = False
         out = torch.nn.functional.scaled_dot_product_attention(
             q, k.repeat_interleave(HEADS // KV_HEADS, 1), v.repeat_interleave(HEADS // KV_HEADS, 1),
@@ -82,7 +82,8 @@ def test_loads_a_dflash_checkpoint_unchanged(dflash_dir):
 def test_forward_matches_dflash_semantics(dflash_dir, device, use_kernels, layer_types, is_causal, scale):
     extra = {} if is_causal is None else {"is_causal": is_causal}
     nested = {"mask_token_id": 97, "target_layer_ids": TARGET_LAYERS, "input_embedding_scale": scale}
-    drafter = load_drafter(dflash_dir(layer_types=layer_types, sliding_window=3, dflash_config=nested, **extra))
+    drafter = load_drafter(dflash_dir(layer_types=layer_types, sliding_window=3, use_sliding_window=True,
+                                      dflash_config=nested, **extra))
     block, features = inputs()
     expected = dflash_semantics(drafter, block, features)  # on the CPU, in float32
     out, _ = run(drafter.to(device), block.to(device), features.to(device), use_kernels)
@@ -161,18 +162,45 @@ def test_missing_files_and_bad_configs_fail_clearly(dflash_dir, tmp_path):
         load_drafter(dflash_dir(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
     with pytest.raises(ValueError, match="rope_parameters"):
         load_drafter(dflash_dir(rope_parameters={"rope_type": "yarn", "rope_theta": 1e7, "factor": 4.0}))
-    with pytest.raises(ValueError, match="sliding_window = None"):
-        load_drafter(dflash_dir(layer_types=["sliding_attention", "full_attention"]))
+    with pytest.raises(ValueError, match="sliding_window must be a positive integer"):
+        load_drafter(dflash_dir(use_sliding_window=True, sliding_window=0))
     with pytest.raises(ValueError, match="layer_types"):
         load_drafter(dflash_dir(layer_types=["full_attention"]))
 
 
+@pytest.mark.parametrize("fields,window,causal", [
+    # a sliding layer without use_sliding_window: causal, no window
+    (dict(layer_types=["sliding_attention", "full_attention"], sliding_window=4), [-1, -1], [True, False]),
+    # use_sliding_window without layer_types: layers from max_window_layers on slide
+    (dict(use_sliding_window=True, sliding_window=4, max_window_layers=1), [-1, 4], [False, True]),
+    (dict(use_sliding_window=True, sliding_window=4, max_window_layers=0), [4, 4], [True, True]),
+    # Qwen3's defaults: no window, every layer full
+    (dict(sliding_window=4, max_window_layers=0), [-1, -1], [False, False]),
+    (dict(use_sliding_window=True, sliding_window=4, layer_types=["full_attention", "sliding_attention"],
+          is_causal=False), [-1, 4], [False, False]),
+])
+def test_sliding_layers_resolve_like_dflash_s_qwen3_config(dflash_dir, tmp_path, fields, window, causal):
+    """DFlash reads its config as a transformers Qwen3Config: the window is in force only with
+    use_sliding_window, missing layer_types follow max_window_layers, and sliding layers are
+    causal unless is_causal says otherwise. A saved copy reads back the same."""
+    drafter = load_drafter(dflash_dir(**fields))
+    save_pretrained(drafter, str(tmp_path / "saved"))
+    for c in (drafter.config, load_drafter(str(tmp_path / "saved")).config):
+        assert [c.window(i) for i in range(2)] == window and [c.causal(i) for i in range(2)] == causal
+
+
 @pytest.mark.parametrize("key,value", [("output_multiplier", 2.0), ("final_logit_softcapping", 30.0),
-                                       ("conv_kernel_size", 4), ("causal", True)])
+                                       ("conv_kernel_size", 4), ("causal", True), ("use_swa", True)])
 def test_dflash_variants_the_drafter_does_not_implement_are_refused(dflash_dir, key, value):
     """Settings that change the math in other DFlash variants fail by name instead of being ignored."""
     with pytest.raises(ValueError, match=key):
         load_drafter(dflash_dir(**{key: value}))
+
+
+def test_settings_that_leave_the_math_alone_load(dflash_dir):
+    assert load_drafter(dflash_dir(use_swa=False, final_logit_softcapping=None, output_multiplier=1.0)).num_branches == 1
+    with pytest.raises(ValueError, match="rope_parameters per layer type"):
+        load_drafter(dflash_dir(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6}}))
 
 
 def test_config_fields_resolve_like_dflash(dflash_dir, tmp_path):

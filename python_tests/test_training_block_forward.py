@@ -37,7 +37,7 @@ def test_mask_equals_brute_force(window, causal):
 @pytest.mark.parametrize("layer_types,is_causal", [(None, None), (["sliding_attention", "full_attention"], None),
                                                    (["sliding_attention", "full_attention"], False), (None, True)])
 def test_training_pass_equals_the_inference_pass_per_block(tmp_path, layer_types, is_causal):
-    extra = {"layer_types": layer_types, "sliding_window": 3} if layer_types else {}
+    extra = {"layer_types": layer_types, "sliding_window": 3, "use_sliding_window": True} if layer_types else {}
     if is_causal is not None:
         extra["is_causal"] = is_causal
     extra["dflash_config"] = {"mask_token_id": 97, "target_layer_ids": TARGET_LAYERS, "input_embedding_scale": 1.5}
