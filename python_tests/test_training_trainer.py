@@ -118,19 +118,31 @@ def test_the_log_gives_each_steps_learning_rate_and_checkpoints_are_whole(world)
         assert not [f for f in os.listdir(folder) if f.endswith(".partial")]
 
 
-def test_every_rank_reduces_every_gradient(monkeypatch):
+def test_every_rank_reduces_every_gradient_and_weighs_by_blocks(monkeypatch):
     """A rank whose micro-batches held no valid block has no gradient for some parameters; it
-    must still take part in each all_reduce, or the ranks' collectives fall out of step."""
+    must still take part in each all_reduce, or the ranks' collectives fall out of step. The
+    gradients (of per-block loss sums) end as the mean over every block of the step: this rank
+    3 blocks, the other 1, so (sum here + sum there) / 4, as one batch of 4 blocks would give."""
+    other_rank = iter([torch.tensor([1.0]), torch.full((3,), 2.0), torch.full((2,), 6.0)])  # count, then grads
     reduced = []
-    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor: reduced.append(tensor) or tensor.mul_(2))
+    monkeypatch.setattr(torch.distributed, "all_reduce",
+                        lambda tensor: reduced.append(tensor.shape) or tensor.add_(next(other_rank)))
     parallel = _Distributed("cpu")
     parallel.world = 2
     used, unused, frozen = (torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2)),
                             torch.nn.Parameter(torch.ones(1), requires_grad=False))
-    used.grad = torch.full((3,), 4.0)
-    parallel.average_gradients([used, unused, frozen])
-    assert len(reduced) == 2 and frozen.grad is None
-    assert torch.equal(used.grad, torch.full((3,), 4.0)) and torch.equal(unused.grad, torch.zeros(2))
+    used.grad = torch.full((3,), 10.0)
+    assert parallel.average_gradients([used, unused, frozen], blocks=3) == 4
+    assert reduced == [(1,), (3,), (2,)] and frozen.grad is None
+    assert torch.equal(used.grad, torch.full((3,), 3.0)) and torch.equal(unused.grad, torch.full((2,), 1.5))
+
+
+def test_one_process_divides_the_summed_gradients_by_its_blocks():
+    parallel = _Distributed("cpu")
+    weight = torch.nn.Parameter(torch.ones(2))
+    weight.grad = torch.tensor([6.0, -3.0])
+    assert parallel.average_gradients([weight], blocks=3) == 3
+    assert torch.equal(weight.grad, torch.tensor([2.0, -1.0]))
 
 
 def test_a_checkpoint_loads_and_decodes_like_the_target(world):

@@ -127,16 +127,23 @@ class _Distributed:
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
 
-    def average_gradients(self, parameters) -> None:
-        if self.world == 1:
-            return
+    def average_gradients(self, parameters, blocks: int) -> int:
+        """Turns gradients of per-block loss sums into the gradient of the mean over every block
+        of the step, on every rank (micro-batches and ranks holding different numbers of blocks
+        weigh by their blocks, as one large batch would). Returns the step's block count."""
+        parameters = [p for p in parameters if p.requires_grad]
+        total = blocks
+        if self.world > 1:
+            count = torch.tensor([float(blocks)], device=parameters[0].device)
+            dist.all_reduce(count)
+            total = int(count.item())
         for p in parameters:
-            if not p.requires_grad:
-                continue
             if p.grad is None:  # no valid block on this rank this step: every rank reduces the same tensors
                 p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad)
-            p.grad /= self.world
+            if self.world > 1:
+                dist.all_reduce(p.grad)
+            p.grad /= max(1, total)
+        return total
 
     def barrier(self) -> None:
         if self.world > 1:
@@ -256,6 +263,7 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
         started = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss_sum = proxy_sum = 0.0
+        blocks = 0  # this rank's blocks this step: the loss is a mean over blocks, backpropagated as a sum
         for micro in range(config.grad_accum):
             indices = _batch_indices(len(records), step, micro, config, parallel.rank, parallel.world)
             batch = collate([records[i] for i in indices], device)
@@ -263,10 +271,13 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
             with autocast:
                 out = _config_loss(drafter, target, batch, config, weights, features, torch.Generator().manual_seed(
                     _seed(config.seed, step, micro * parallel.world + parallel.rank)))
-            (out["loss"] / config.grad_accum).backward()
-            loss_sum += float(out["loss"].detach()) / config.grad_accum
-            proxy_sum += float(out["accepted_proxy"]) / config.grad_accum
-        parallel.average_gradients(drafter.parameters())
+            n = int(out["blocks"])
+            (out["loss"] * n).backward()
+            loss_sum += float(out["loss"].detach()) * n
+            proxy_sum += float(out["accepted_proxy"]) * n
+            blocks += n
+        parallel.average_gradients(drafter.parameters(), blocks)
+        loss_sum, proxy_sum = loss_sum / max(1, blocks), proxy_sum / max(1, blocks)  # this rank's block means
         grad_norm = float(torch.nn.utils.clip_grad_norm_(drafter.parameters(), config.max_grad_norm))
         lr = scheduler.get_last_lr()[0]  # the rate this step uses (scheduler.step() moves to the next)
         optimizer.step()
