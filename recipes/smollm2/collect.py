@@ -224,9 +224,11 @@ def main() -> None:
     block_rows = []
     for arm in ARMS:
         for b in (16, 8, 4):
-            s = load(os.path.join(args.runs, "blocks", f"{arm}-B{b}", "summary.json"))
+            blocks_dir = os.path.join(args.runs, "blocks", f"{arm}-B{b}")
+            s = load(os.path.join(blocks_dir, "summary.json"))
             if s is None or "gsm8k" not in s["datasets"]:
                 continue
+            copy_run(blocks_dir, os.path.join(args.out, f"{arm}-B{b}"), args.runs)
             g = s["datasets"]["gsm8k"]
             block_rows.append(f"| {arm} | {b} | {tau_cell(g)} | {fmt(g['expected_accepted'])} | "
                               f"{fmt(g['speedup'])}x | {g['n_prompts']} |")

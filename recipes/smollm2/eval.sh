@@ -18,6 +18,10 @@
 #            resumable: about half an hour, recomputed whole)
 #   collect  report files (summary, report, plots; not the records) into results/smollm2/, and
 #            the results block of README.md
+# A run is skipped once it has its finishing file (summary.json; oracle.json), and every phase
+# but determinism resumes from its records. To keep progress beyond this machine, save the
+# records into the repository now and then and commit them (eval.sh restores them first):
+#   python recipes/smollm2/checkpoint.py save --runs "$OUT" && git add results/smollm2/records
 # Environment (defaults): OUT (runs/smollm2-eval), PROMPTS (45), SPEED_PROMPTS (10), ORACLE_PROMPTS (20),
 # WORKERS (2), GRID (Z_T, 0,0.5,1), MAX_NEW_TOKENS (256; fewer for a smoke run), TRUNCATIONS (200).
 set -euo pipefail
@@ -28,6 +32,9 @@ PHASES=${PHASES:-accept oracle speed blocks determinism collect}
 DATASETS=gsm8k,mtbench,humaneval,math500
 command -v dblast > /dev/null || { echo "dblast is not on PATH: source .venv/bin/activate (scripts/setup.sh)"; exit 2; }
 mkdir -p "$OUT"
+# runs finished on an earlier machine (results/smollm2/) and records checkpointed into the
+# repository (results/smollm2/records/) come back first: nothing kept is run again
+python recipes/smollm2/checkpoint.py restore --runs "$OUT"
 
 sampling() {  # the filter of each temperature setting
   case $1 in
@@ -42,19 +49,24 @@ logged() {  # logged NAME LOG COMMAND...: COMMAND on one thread, output to LOG; 
   shift 2
   OMP_NUM_THREADS=1 "$@" > "$log" 2>&1 && echo "done $name ($(date -u +%T))" || { echo "FAILED $name: see $log"; return 1; }
 }
+finished() {  # finished NAME FILE: true (and says so) when a run's finishing file exists
+  [[ -f $2 ]] && echo "done $1 (finished before)"
+}
 one_run() {  # one_run ARM T: the acceptance run of one arm at one temperature
   local arm=$1 t=$2
+  finished "$arm T=$t" "$OUT/accept/$arm-T$t/summary.json" && return
   logged "$arm T=$t" "$OUT/accept-$arm-T$t.log" dblast eval --drafter "$arm" --datasets "$DATASETS" \
     --num-prompts "$PROMPTS" $(sampling "$t") --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature calibrate \
     --grid "$GRID" --no-progress --out "$OUT/accept/$arm-T$t"
 }
 one_oracle() {  # one_oracle T: the top-token oracle at one temperature (no timings, so runs share the cores)
   local t=$1
+  finished "oracle T=$t" "$OUT/oracle/T$t/oracle.json" && return
   logged "oracle T=$t" "$OUT/oracle-T$t.log" dblast diagnose oracle --datasets "$DATASETS" \
     --num-prompts "$ORACLE_PROMPTS" $(sampling "$t") --max-new-tokens "$MAX_NEW_TOKENS" --no-progress \
     --out "$OUT/oracle/T$t"
 }
-export -f logged one_run one_oracle sampling
+export -f finished logged one_run one_oracle sampling
 export OUT PROMPTS ORACLE_PROMPTS DATASETS GRID MAX_NEW_TOKENS
 
 for phase in $PHASES; do
@@ -68,6 +80,7 @@ for phase in $PHASES; do
     speed)
       for t in 0.7 1.0 1.5 0; do
         for arm in dblast-k4 dflash-k1; do
+          finished "speed $arm T=$t" "$OUT/speed/$arm-T$t/summary.json" && continue
           dblast eval --drafter "$arm" --datasets "$DATASETS" --num-prompts "$SPEED_PROMPTS" $(sampling "$t") \
             --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature "$(python recipes/smollm2/chosen_zt.py "$OUT/accept/$arm-T$t")" \
             --measure-speedup --all-responses --no-progress --out "$OUT/speed/$arm-T$t" | tail -2
@@ -76,6 +89,7 @@ for phase in $PHASES; do
     blocks)
       for arm in dblast-k4 dflash-k1; do
         for b in 16 8 4; do
+          finished "blocks $arm B=$b" "$OUT/blocks/$arm-B$b/summary.json" && continue
           dblast eval --drafter "$arm" --block-size "$b" --datasets gsm8k --num-prompts "$SPEED_PROMPTS" $(sampling 0.7) \
             --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature "$(python recipes/smollm2/chosen_zt.py "$OUT/accept/$arm-T0.7")" \
             --measure-speedup --all-responses --no-progress --out "$OUT/blocks/$arm-B$b" | tail -2

@@ -1,0 +1,97 @@
+"""Keeps recipes/smollm2/eval.sh's runs in the repository, so that the evaluation (many hours
+on a 2-core CPU) survives the machine it runs on.
+
+    python recipes/smollm2/checkpoint.py save --runs runs/smollm2-eval      # while or after it runs
+    python recipes/smollm2/checkpoint.py restore --runs runs/smollm2-eval   # before eval.sh resumes
+
+`save` mirrors the runs' records (every *.jsonl under the runs folder, complete lines only, so a
+line being written is left for the next save) into results/smollm2/records/, the same relative
+paths. `restore` does the reverse where the runs folder holds fewer lines, and also puts back
+the finishing files of runs collect.py already copied into results/smollm2/ (summary.json,
+calibration.json, oracle.json): eval.sh skips a run that has its finishing file, so a run
+finished on an earlier machine is not run again even where its records were not kept.
+"""
+import argparse
+import glob
+import os
+import re
+import shutil
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "results", "smollm2")
+
+
+def complete_lines(path):
+    """The lines of `path` that end with a newline (a run appends one record per line)."""
+    with open(path, encoding="utf-8") as f:
+        return [line for line in f if line.endswith("\n")]
+
+
+def mirror(src_root, dst_root, verb) -> int:
+    """Copies every *.jsonl under src_root whose complete lines outnumber dst_root's copy."""
+    copied = 0
+    for src in sorted(glob.glob(os.path.join(src_root, "**", "*.jsonl"), recursive=True)):
+        rel = os.path.relpath(src, src_root)
+        dst = os.path.join(dst_root, rel)
+        lines = complete_lines(src)
+        if os.path.exists(dst) and len(complete_lines(dst)) >= len(lines):
+            continue
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        tmp = dst + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+        os.replace(tmp, dst)  # a reader never sees half a file
+        print(f"{verb} {rel}: {len(lines)} lines")
+        copied += 1
+    return copied
+
+
+# the files that say a run finished: results/smollm2/<folder>/<file> -> <runs>/<where>, by the
+# folder names collect.py gives (the oracle's first: "oracle-T0.7" would also read as an arm's)
+FINISHED = [(r"oracle-T(?P<t>[0-9.]+)", [("oracle.json", "oracle/T{t}/oracle.json")]),
+            (r"(?P<arm>[\w.-]+)-T(?P<t>[0-9.]+)-speed", [("summary.json", "speed/{arm}-T{t}/summary.json")]),
+            (r"(?P<arm>[\w.-]+)-B(?P<b>[0-9]+)", [("summary.json", "blocks/{arm}-B{b}/summary.json")]),
+            (r"(?P<arm>[\w.-]+)-T(?P<t>[0-9.]+)", [("summary.json", "accept/{arm}-T{t}/summary.json"),
+                                                  ("calibration_calibration.json",
+                                                   "accept/{arm}-T{t}/calibration/calibration.json")])]
+
+
+def restore_finished(results, runs) -> int:
+    restored = 0
+    for name in sorted(os.listdir(results)):
+        for pattern, files in FINISHED:
+            fields = re.fullmatch(pattern, name)
+            if fields is None:
+                continue
+            for src_name, dst_pattern in files:
+                src = os.path.join(results, name, src_name)
+                dst = os.path.join(runs, dst_pattern.format(**fields.groupdict()))
+                if os.path.isfile(src) and not os.path.exists(dst):
+                    os.makedirs(os.path.dirname(dst), exist_ok=True)
+                    shutil.copyfile(src, dst)
+                    print(f"restored {os.path.relpath(dst, runs)} (a finished run)")
+                    restored += 1
+            break
+    return restored
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=("save", "restore"))
+    parser.add_argument("--runs", required=True, help="eval.sh's OUT")
+    parser.add_argument("--results", default=RESULTS, help="the results folder (default: results/smollm2)")
+    args = parser.parse_args()
+    store = os.path.join(args.results, "records")
+    if args.action == "save":
+        if not os.path.isdir(args.runs):
+            parser.error(f"--runs: no directory {args.runs}")
+        n = mirror(args.runs, store, "saved")
+        print(f"{n} records files saved into {store}")
+    else:
+        os.makedirs(args.runs, exist_ok=True)
+        n = restore_finished(args.results, args.runs) if os.path.isdir(args.results) else 0
+        n += mirror(store, args.runs, "restored") if os.path.isdir(store) else 0
+        print(f"{n} files restored into {args.runs}")
+
+
+if __name__ == "__main__":
+    main()
