@@ -3,6 +3,7 @@ on a 2-core CPU) survives the machine it runs on.
 
     python recipes/smollm2/checkpoint.py save --runs runs/smollm2-eval      # while or after it runs
     python recipes/smollm2/checkpoint.py restore --runs runs/smollm2-eval   # before eval.sh resumes
+    while sleep 1200; do python recipes/smollm2/checkpoint.py save --runs runs/smollm2-eval --commit; done
 
 `save` mirrors the runs' records (every *.jsonl under the runs folder, complete lines only, so a
 line being written is left for the next save) into results/smollm2/records/, the same relative
@@ -16,6 +17,7 @@ import glob
 import os
 import re
 import shutil
+import subprocess
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "results", "smollm2")
 
@@ -74,11 +76,23 @@ def restore_finished(results, runs) -> int:
     return restored
 
 
+def commit(store) -> None:
+    """Commits `store` alone (whatever else is staged stays staged), saying how far the runs got."""
+    responses = sum(len(complete_lines(p)) for p in glob.glob(os.path.join(store, "**", "*.jsonl"), recursive=True))
+    git = ["git", "-C", store]
+    subprocess.run(git + ["add", "."], check=True)
+    message = f"Evaluation records checkpoint ({responses} responses saved in all)"
+    result = subprocess.run(git + ["commit", "-q", "-m", message, "--", "."], capture_output=True, text=True)
+    print(message if result.returncode == 0 else f"not committed: {result.stdout or result.stderr}".strip())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=("save", "restore"))
     parser.add_argument("--runs", required=True, help="eval.sh's OUT")
     parser.add_argument("--results", default=RESULTS, help="the results folder (default: results/smollm2)")
+    parser.add_argument("--commit", action="store_true",
+                        help="save: also commit the records folder (only it) in the repository holding it")
     args = parser.parse_args()
     store = os.path.join(args.results, "records")
     if args.action == "save":
@@ -86,6 +100,8 @@ def main() -> None:
             parser.error(f"--runs: no directory {args.runs}")
         n = mirror(args.runs, store, "saved")
         print(f"{n} records files saved into {store}")
+        if args.commit and n:
+            commit(store)
     else:
         os.makedirs(args.runs, exist_ok=True)
         n = restore_finished(args.results, args.runs) if os.path.isdir(args.results) else 0
