@@ -16,6 +16,7 @@ import torch
 from . import ops, reference
 from .drafter import DBlastDrafter, DrafterCache
 from .drafter_io import check_against_target
+from .draft_vocabulary import DraftVocab, draft_vocabulary, end_of_sequence_ids
 
 
 @dataclass
@@ -145,7 +146,9 @@ def prompt_tensor(input_ids, max_new_tokens: int, device) -> torch.Tensor:
 
 class SpeculativeDecoder:
     def __init__(self, target, drafter: DBlastDrafter, *, category_temperature: float = 1.0,
-                 use_kernels: bool = True):
+                 use_kernels: bool = True, draft_vocab: DraftVocab = None):
+        """`draft_vocab`: the token ids the drafter may propose (dblast_ext.draft_vocabulary:
+        an int N for the first N ids, or a list of ids; None, the default, for all of them)."""
         check_against_target(drafter.config, target.config)
         if category_temperature < 0:
             raise ValueError(f"category_temperature must be >= 0, got {category_temperature}")
@@ -153,6 +156,8 @@ class SpeculativeDecoder:
         self.drafter = drafter
         self.category_temperature = category_temperature
         self.use_kernels = use_kernels
+        self.draft_ids = draft_vocabulary(draft_vocab, self.target.vocab_size, end_of_sequence_ids(target))
+        self._draft_head = None  # (the LM head it was gathered from, ids there, the gathered rows)
 
     @torch.inference_mode()
     def generate(self, input_ids, sampling: Optional[SamplingParams] = None, max_new_tokens: int = 256,
@@ -207,8 +212,7 @@ class SpeculativeDecoder:
         block_ids[0, 0] = anchor
         hidden = self.drafter(self.target.embed(block_ids), context, drafter_cache, use_kernels=self.use_kernels)
         prior = self.drafter.branch_prior(hidden[:, 0], self.category_temperature)
-        tokens = self.drafter.branch_tokens(hidden, self.target.lm_head_weight, self.target.vocab_size,
-                                            use_kernels=self.use_kernels)
+        tokens = self.draft_tokens(hidden)
         branch = torch.multinomial(prior.cpu().double(), 1, generator=generator).view(1).to(device)
         draft = tokens[0, branch]
         t1 = time.perf_counter()
@@ -225,6 +229,21 @@ class SpeculativeDecoder:
         record = CycleRecord(accepted, float(survive.sum()), int(branch), prior[0].tolist(), t1 - t0,
                              time.perf_counter() - t1)
         return record, emitted, features[:, : accepted + 1]
+
+    def draft_tokens(self, block_hidden: torch.Tensor) -> torch.Tensor:
+        """Every branch's greedy token at every draft position, [N, K, b], over the draft
+        vocabulary: the LM head rows of its ids only, the argmax mapped back to token ids."""
+        head = self.target.lm_head_weight
+        if self.draft_ids is None:
+            return self.drafter.branch_tokens(block_hidden, head, self.target.vocab_size,
+                                              use_kernels=self.use_kernels)
+        key = (head.data_ptr(), head.device, head.dtype)
+        if self._draft_head is None or self._draft_head[0] != key:  # gathered once, again if the model moved
+            ids = self.draft_ids.to(head.device)
+            self._draft_head = (key, ids, head.detach().index_select(0, ids).contiguous())
+        _, ids, rows = self._draft_head
+        local = self.drafter.branch_tokens(block_hidden, rows, len(ids), use_kernels=self.use_kernels)
+        return ids[local]
 
     @torch.inference_mode()
     def first_cycle(self, prefix_ids, sampling: Optional[SamplingParams] = None, seed: int = 0) -> CycleRecord:

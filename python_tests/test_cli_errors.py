@@ -369,3 +369,18 @@ def test_the_eval_recipe_header_lists_every_variable_it_reads():
     header = "".join(itertools.takewhile(lambda line: line.startswith("#"), script.splitlines(keepends=True)))
     read = set(re.findall(r"\$\{(\w+):-", script))
     assert read and not {name for name in read if name not in header}
+
+
+DRAFTING_SUBCOMMANDS = ["generate", "eval", "demo", "diagnose expansion", "diagnose determinism", "calibrate"]
+
+
+@pytest.mark.parametrize("subcommand", DRAFTING_SUBCOMMANDS)
+def test_a_draft_vocabulary_below_one_is_named_before_loading(files, capsys, subcommand):
+    fails_cleanly(capsys, [*every_model_subcommand(files)[subcommand], "--draft-vocab", "0"],
+                  "--draft-vocab must be >= 1, got 0")
+
+
+@pytest.mark.parametrize("subcommand", DRAFTING_SUBCOMMANDS)
+def test_a_valid_draft_vocabulary_reaches_model_loading(files, subcommand):
+    with pytest.raises(ModelLoaded):
+        main([*every_model_subcommand(files)[subcommand], "--draft-vocab", "64"])

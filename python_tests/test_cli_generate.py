@@ -38,15 +38,19 @@ def hf_greedy(target_dir, ids, max_new_tokens, eos=None):
     return out[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("chat", [False, True])
-@pytest.mark.parametrize("branches", [None, 4])
-def test_greedy_generation_equals_the_targets_own(capsys, model_dirs, chat, branches):
+@pytest.mark.parametrize("chat,branches,draft_vocab", [
+    (False, None, None), (True, None, None), (False, 4, None), (True, 4, None),
+    (True, 4, 40),  # drafting from the first 40 ids only: the output is still the target's
+])
+def test_greedy_generation_equals_the_targets_own(capsys, model_dirs, chat, branches, draft_vocab):
     target, drafter = model_dirs
     argv = ["--target", target, "--drafter", drafter, "--prompt", PROMPT, "--temperature", "0",
             "--max-new-tokens", "24", "--ignore-eos"]
     argv += ["--chat"] if chat else []
     argv += ["--branches", str(branches)] if branches else []
+    argv += ["--draft-vocab", str(draft_vocab)] if draft_vocab else []
     out = run_json(capsys, *argv)
+    assert out["draft_vocab"] == draft_vocab  # ids 0..39 (the end-of-sequence id, 1, among them)
     tokenizer = tiny_tokenizer()
     ids = (tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
                                                    add_generation_prompt=True), add_special_tokens=False)

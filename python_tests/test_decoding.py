@@ -17,7 +17,7 @@ PROMPT = [3, 17, 42, 8, 25]
 
 
 def make_decoder(tmp_path, family="qwen3", branches=1, block_size=4, vocab=100, mask=97, use_kernels=True,
-                 category_temperature=1.0, layers=6, target_layer_ids=(1, 4)):
+                 category_temperature=1.0, layers=6, target_layer_ids=(1, 4), draft_vocab=None):
     target = tiny_target(family, vocab_size=vocab, layers=layers)
     target.generation_config.eos_token_id = None
     target.generation_config.pad_token_id = 0
@@ -26,7 +26,8 @@ def make_decoder(tmp_path, family="qwen3", branches=1, block_size=4, vocab=100, 
     drafter = load_drafter(path, target=target, num_branches=branches if branches > 1 else None)
     if branches > 1:  # make the branches genuinely different
         torch.nn.init.normal_(drafter.branch_expander.weight, std=0.3, generator=torch.Generator().manual_seed(1))
-    return SpeculativeDecoder(target, drafter, use_kernels=use_kernels, category_temperature=category_temperature)
+    return SpeculativeDecoder(target, drafter, use_kernels=use_kernels, category_temperature=category_temperature,
+                              draft_vocab=draft_vocab)
 
 
 def hf_greedy(target, prompt, max_new_tokens, eos=None):
@@ -140,12 +141,14 @@ def exact_first_two(target, sampling):
     return (p1[:, None] * p2).numpy()
 
 
-@pytest.mark.parametrize("branches,sampling", [  # with the test below: K {1, 4} x {no filter, top-k + top-p}
-    (1, SamplingParams(1.0, 6, 0.9)),
-    (4, SamplingParams(1.0, 0, 1.0)),
+@pytest.mark.parametrize("branches,sampling,draft_vocab", [  # with the test below: K {1, 4} x {no filter, top-k + top-p}
+    (1, SamplingParams(1.0, 6, 0.9), None),
+    (4, SamplingParams(1.0, 0, 1.0), None),
+    (4, SamplingParams(1.0, 6, 0.9), 6),  # drafts from ids 0..5 only: the output is still the target's
 ])
-def test_first_two_tokens_follow_the_targets_distribution(tmp_path, branches, sampling):
-    dec = make_decoder(tmp_path, branches=branches, block_size=4, vocab=SMALL_VOCAB, mask=MASK)
+def test_first_two_tokens_follow_the_targets_distribution(tmp_path, branches, sampling, draft_vocab):
+    dec = make_decoder(tmp_path, branches=branches, block_size=4, vocab=SMALL_VOCAB, mask=MASK,
+                       draft_vocab=draft_vocab)
     with torch.no_grad():  # far from uniform (top token ~0.16): a sampler ignoring the target fails at once
         dec.target.model.lm_head.weight.mul_(3.0)
     exact = exact_first_two(dec.target.model, sampling)
@@ -282,3 +285,56 @@ def test_drafter_target_mismatch_fails_clearly(tmp_path):
     drafter = load_drafter(write_dflash_checkpoint(tmp_path / "d"))
     with pytest.raises(ValueError, match="target_layer_ids"):
         SpeculativeDecoder(target, drafter)
+
+
+@pytest.mark.parametrize("branches", [1, 4])
+@pytest.mark.parametrize("use_kernels", [True, False])
+def test_drafts_are_the_argmax_over_the_draft_vocabulary(tmp_path, device, branches, use_kernels):
+    """Each branch drafts the best-scoring token among the shortlist's ids (ties: the lowest
+    id), i.e. the full LM head's logits with every other id ruled out."""
+    dec = make_decoder(tmp_path, branches=branches, block_size=8, draft_vocab=[40, 3, 77, 12, 5, 91, 60, 18],
+                       use_kernels=use_kernels)
+    dec.target.model.to(device)
+    dec.drafter.to(device)
+    assert dec.draft_ids.tolist() == [3, 5, 12, 18, 40, 60, 77, 91]
+    hidden = torch.randn(1, 8, dec.drafter.config.hidden_size, generator=torch.Generator().manual_seed(3)).to(device)
+    drafter = dec.drafter
+    expander = (drafter.branch_expander.weight, drafter.branch_expander.bias) if branches > 1 else (None, None)
+    states = reference.branch_states(hidden[0, 1:].double(), *(None if e is None else e.double() for e in expander))
+    logits = states @ dec.target.lm_head_weight.double().T  # [b, K, V]
+    outside = torch.ones(logits.shape[-1], dtype=torch.bool, device=device)
+    outside[dec.draft_ids.to(device)] = False
+    expected = logits.masked_fill(outside, float("-inf")).argmax(-1).T  # [K, b]
+    tokens = dec.draft_tokens(hidden)
+    assert tokens.shape == (1, branches, 7) and tokens.device.type == device
+    assert torch.equal(tokens[0].cpu(), expected.cpu())
+    full = dec.drafter.branch_tokens(hidden, dec.target.lm_head_weight, dec.target.vocab_size)
+    assert not torch.equal(full, tokens)  # the shortlist changed some drafts: the test is not vacuous
+
+
+def test_the_draft_vocabulary_keeps_the_end_of_sequence_ids(tmp_path):
+    dec = make_decoder(tmp_path, draft_vocab=10)
+    assert dec.draft_ids.tolist() == list(range(10))  # the tiny target declares none
+    target = dec.target.model
+    target.generation_config.eos_token_id = [61, 2]
+    assert SpeculativeDecoder(target, dec.drafter, draft_vocab=10).draft_ids.tolist() == list(range(10)) + [61]
+
+
+@pytest.mark.parametrize("branches", [1, 4])
+def test_greedy_output_with_a_draft_vocabulary_equals_the_targets_own(tmp_path, branches):
+    dec = make_decoder(tmp_path, branches=branches, block_size=8, draft_vocab=30)
+    expected = hf_greedy(dec.target.model, PROMPT, 40)
+    assert dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=40).token_ids == expected
+
+
+def test_the_gathered_head_follows_the_model_to_another_dtype(tmp_path):
+    dec = make_decoder(tmp_path, branches=4, block_size=4, draft_vocab=20)
+    assert len(dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=12).token_ids) == 12
+    assert dec._draft_head[2].dtype == torch.float32
+    dec.target.model.to(torch.bfloat16)
+    dec.drafter.to(torch.bfloat16)
+    hidden = torch.randn(1, 4, dec.drafter.config.hidden_size, dtype=torch.bfloat16)
+    assert dec.draft_tokens(hidden).max() < 20
+    assert dec._draft_head[2].dtype == torch.bfloat16  # regathered, not the float32 rows of the first run
+    expected = hf_greedy(dec.target.model, PROMPT, 12)
+    assert dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=12).token_ids == expected

@@ -39,7 +39,16 @@ def add_model_args(p, *, block_size: bool = True) -> None:
     if block_size:
         p.add_argument("--block-size", type=int, default=None,
                        help="run the drafter at another block size than it was trained for (naive expansion)")
+    add_draft_vocab_arg(p)
     p.add_argument("--no-kernels", action="store_true", help="run the reference ops instead of the compiled kernels")
+
+
+def add_draft_vocab_arg(p) -> None:
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="draft only the first N token ids (and the end-of-sequence ids): the drafter's LM head "
+                        "then costs about N/V of a full one, the largest share of drafting on a CPU. A byte-level "
+                        "BPE tokenizer numbers its tokens most frequent first. The output distribution is "
+                        "unchanged (verification is exact); only which tokens can be drafted (default: all)")
 
 
 def add_sampling_args(p, temperature: float = 1.0) -> None:
@@ -119,6 +128,8 @@ def check_args(args) -> DrafterConfig:
         raise ValueError(f"--branches must be >= 1, got {args.branches}")
     if args.block_size is not None and args.block_size < 2:
         raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
+    if getattr(args, "draft_vocab", None) is not None and args.draft_vocab < 1:
+        raise ValueError(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
     z = getattr(args, "category_temperature", None)
     if isinstance(z, float) and z < 0:  # `dblast eval` also takes "calibrate" and checks it itself
         raise ValueError(f"--category-temperature must be >= 0, got {z}")
@@ -139,5 +150,5 @@ def load_decoder(args, category_temperature: float = 1.0):
     if args.block_size is not None:
         drafter.config.block_size = args.block_size  # the drafter pass itself takes any block length
     decoder = SpeculativeDecoder(target, drafter, category_temperature=category_temperature,
-                                 use_kernels=not args.no_kernels)
+                                 use_kernels=not args.no_kernels, draft_vocab=getattr(args, "draft_vocab", None))
     return decoder, tokenizer

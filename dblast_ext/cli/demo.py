@@ -8,7 +8,7 @@ import sys
 
 from ..embedded_drafters import EMBEDDED_DRAFTERS
 from ..target_loading import TextStream, encode_messages, stop_token_ids
-from .common import add_runtime_args, add_sampling_args, check_args, load_decoder, sampling_of
+from .common import add_draft_vocab_arg, add_runtime_args, add_sampling_args, check_args, load_decoder, sampling_of
 from ..eval.metrics import speedup_ratio
 from .display import acceptance_histogram, committed_length, rate
 
@@ -33,6 +33,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--block-size", type=int, default=None,
                    help="draft blocks of this length instead of the trained 16 (a shorter block verifies fewer "
                         "tokens per target pass, which pays on a CPU where a pass costs in proportion to its length)")
+    add_draft_vocab_arg(p)
     p.add_argument("--no-compare", action="store_true", help="skip the target-only runs (no speed-up figure)")
     add_runtime_args(p)
 
@@ -48,8 +49,9 @@ def run(args) -> int:
     drafter = decoder.drafter
     sampling = sampling_of(args)
     stops = stop_token_ids(decoder.target.model, tokenizer)
+    vocab = "" if decoder.draft_ids is None else f", drafting from {len(decoder.draft_ids)} token ids"
     print(f"target SmolLM2-135M-Instruct, drafter {args.drafter} (K = {drafter.num_branches}, block "
-          f"{drafter.config.block_size}); temperature {args.temperature}, top-p {args.top_p}, top-k {args.top_k}, "
+          f"{drafter.config.block_size}{vocab}); temperature {args.temperature}, top-p {args.top_p}, top-k {args.top_k}, "
           f"up to {args.max_new_tokens} new tokens\n", file=out)
     prompts = [encode_messages(tokenizer, [{"role": "user", "content": text}]) for text in DEMO_PROMPTS[:args.prompts]]
     decoder.warm_up(prompts[0], sampling, target_only=not args.no_compare, stop_token_ids=stops)

@@ -82,12 +82,15 @@ def model_name(path: str) -> str:
 
 
 def run_settings(args, category_temperature: float, decoder, measure_speedup: bool) -> dict:
-    return {"target": model_name(args.target), "drafter": model_name(args.drafter),
-            "drafter_digest": checkpoint_digest(args.drafter),
-            "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-            "branches": decoder.drafter.num_branches, "block_size": decoder.drafter.config.block_size,
-            "category_temperature": category_temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
-            "measure_speedup": measure_speedup, "kernels": not args.no_kernels}
+    settings = {"target": model_name(args.target), "drafter": model_name(args.drafter),
+                "drafter_digest": checkpoint_digest(args.drafter),
+                "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                "branches": decoder.drafter.num_branches, "block_size": decoder.drafter.config.block_size,
+                "category_temperature": category_temperature, "max_new_tokens": args.max_new_tokens,
+                "seed": args.seed, "measure_speedup": measure_speedup, "kernels": not args.no_kernels}
+    if decoder.draft_ids is not None:  # only when set: records made before the option resume as they are
+        settings["draft_vocab"] = len(decoder.draft_ids)
+    return settings
 
 
 def generate_records(args, decoder, tokenizer, prompts, records_path, category_temperature: float,

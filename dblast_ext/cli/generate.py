@@ -57,6 +57,7 @@ def run(args) -> int:
         "committed_length": committed_length(accepted) if accepted else None,
         "expected_accepted": [c.expected_accepted for c in out.cycles],
         "block_size": drafter.config.block_size, "num_branches": drafter.num_branches,
+        "draft_vocab": None if decoder.draft_ids is None else len(decoder.draft_ids),
     }
     if args.compare_ar:
         base = decoder.generate_autoregressive(ids, **run_kwargs)

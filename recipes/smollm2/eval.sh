@@ -13,7 +13,7 @@
 #   speed    speed-up over target-only sampling: one process at a time with every core, on
 #            the first SPEED_PROMPTS prompts of each dataset (the same prompts and seeds)
 #   blocks   speed-up on GSM8K at temperature 0.7 with shorter inference blocks (16, 8, 4) at the
-#            calibrated Z_T: on a CPU a target pass costs about in proportion to the tokens it verifies
+#            calibrated Z_T: on a CPU a target pass costs more the more tokens it verifies
 #   determinism  accepted length binned by early determinism, MT-Bench, temperature 1.0 (not
 #            resumable: about half an hour, recomputed whole)
 #   collect  report files (summary, report, plots; not the records) into results/smollm2/, and
