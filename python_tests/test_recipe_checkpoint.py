@@ -48,6 +48,7 @@ def test_runs_collected_before_come_back_finished(tmp_path):
              "dblast-k4-T0.7/calibration_calibration.json": "accept/dblast-k4-T0.7/calibration/calibration.json",
              "dflash-k1-T1.5-speed/summary.json": "speed/dflash-k1-T1.5/summary.json",
              "dblast-k4-B8/summary.json": "blocks/dblast-k4-B8/summary.json",
+             "dflash-k1-B4-V8192/summary.json": "blocks/dflash-k1-B4-V8192/summary.json",
              "oracle-T1.0/oracle.json": "oracle/T1.0/oracle.json"}
     for i, src in enumerate(files):
         (results / src).parent.mkdir(parents=True, exist_ok=True)

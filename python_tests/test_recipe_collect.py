@@ -13,12 +13,13 @@ COLLECT = os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "c
 DATASETS = ("gsm8k", "mtbench", "humaneval", "math500")
 
 
-def write_run(folder, accepted_per_cycle, *, expected=None, speedup=None):
+def write_run(folder, accepted_per_cycle, *, expected=None, speedup=None, **extra_settings):
     """A finished run: two prompts per dataset, every cycle accepting `accepted_per_cycle`
     drafts (expected accepted `expected`); with `speedup`, target-only timings that give it.
-    Its settings: the temperature in the folder name (`<arm>-T<t>`), top-p 0.8 at 0.7, else 0.95."""
-    temperature = float(folder.name.rsplit("-T", 1)[1])
-    settings = dict(temperature=temperature, top_p=0.8 if temperature == 0.7 else 0.95, top_k=20)
+    Its settings: the temperature in the folder name (`<arm>-T<t>`; else 0.7), top-p 0.8 at 0.7,
+    else 0.95, and `extra_settings`."""
+    temperature = float(folder.name.rsplit("-T", 1)[1]) if "-T" in folder.name else 0.7
+    settings = dict(temperature=temperature, top_p=0.8 if temperature == 0.7 else 0.95, top_k=20, **extra_settings)
     records = []
     for dataset in DATASETS:
         for prompt in range(2):
@@ -92,3 +93,16 @@ def test_readme_block_is_rewritten_between_its_markers(tmp_path):
     result = subprocess.run([sys.executable, COLLECT, "--runs", str(runs), "--out", str(out), "--readme", str(readme)],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "--readme" in result.stderr and readme.read_text() == "no markers\n"
+
+
+def test_block_runs_are_tabulated_with_their_draft_vocabulary(tmp_path):
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    write_run(runs / "accept" / "dblast-k4-T0.7", 1)
+    write_run(runs / "blocks" / "dblast-k4-B4-V8192", 1, speedup=1.1, draft_vocab=8192)
+    write_run(runs / "blocks" / "dblast-k4-B4", 2, speedup=0.9)
+    write_run(runs / "blocks" / "dblast-k4-B16", 2, speedup=0.7)
+    run_collect(runs, out)
+    table = (out / "results.md").read_text().split("## Inference block length")[1].split("## Top-token")[0]
+    rows = [line.split(" | ")[1:3] + [line.split(" | ")[5]] for line in table.splitlines() if line.startswith("| dblast")]
+    assert rows == [["16", "all", "0.70x"], ["4", "all", "0.90x"], ["4", "8192", "1.10x"]]
+    assert (out / "dblast-k4-B4-V8192" / "summary.json").exists()  # copied, so checkpoint.py can restore it

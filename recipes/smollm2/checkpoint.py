@@ -51,7 +51,7 @@ def mirror(src_root, dst_root, verb) -> int:
 # folder names collect.py gives (the oracle's first: "oracle-T0.7" would also read as an arm's)
 FINISHED = [(r"oracle-T(?P<t>[0-9.]+)", [("oracle.json", "oracle/T{t}/oracle.json")]),
             (r"(?P<arm>[\w.-]+)-T(?P<t>[0-9.]+)-speed", [("summary.json", "speed/{arm}-T{t}/summary.json")]),
-            (r"(?P<arm>[\w.-]+)-B(?P<b>[0-9]+)", [("summary.json", "blocks/{arm}-B{b}/summary.json")]),
+            (r"(?P<arm>[\w.-]+?)-B(?P<b>[0-9]+(-V[0-9]+)?)", [("summary.json", "blocks/{arm}-B{b}/summary.json")]),
             (r"(?P<arm>[\w.-]+)-T(?P<t>[0-9.]+)", [("summary.json", "accept/{arm}-T{t}/summary.json"),
                                                   ("calibration_calibration.json",
                                                    "accept/{arm}-T{t}/calibration/calibration.json")])]

@@ -224,16 +224,20 @@ def main() -> None:
     block_rows = []
     for arm in ARMS:
         for b in (16, 8, 4):
-            blocks_dir = os.path.join(args.runs, "blocks", f"{arm}-B{b}")
-            s = load(os.path.join(blocks_dir, "summary.json"))
-            if s is None or "gsm8k" not in s["datasets"]:
-                continue
-            copy_run(blocks_dir, os.path.join(args.out, f"{arm}-B{b}"), args.runs)
-            g = s["datasets"]["gsm8k"]
-            block_rows.append(f"| {arm} | {b} | {tau_cell(g)} | {fmt(g['expected_accepted'])} | "
-                              f"{fmt(g['speedup'])}x | {g['n_prompts']} |")
-    block_header = ("| drafter | inference block | tau [95% CI] | expected accepted | speed-up | prompts |\n"
-                    "| --- | ---: | ---: | ---: | ---: | ---: |")
+            folders = glob.glob(os.path.join(args.runs, "blocks", f"{arm}-B{b}")) + sorted(
+                glob.glob(os.path.join(args.runs, "blocks", f"{arm}-B{b}-V*")),
+                key=lambda path: int(path.rsplit("-V", 1)[1]), reverse=True)
+            for blocks_dir in folders:  # the whole vocabulary first, then shortlists, largest first
+                s = load(os.path.join(blocks_dir, "summary.json"))
+                if s is None or "gsm8k" not in s["datasets"]:
+                    continue
+                copy_run(blocks_dir, os.path.join(args.out, os.path.basename(blocks_dir)), args.runs)
+                g = s["datasets"]["gsm8k"]
+                vocab = s["settings"].get("draft_vocab")
+                block_rows.append(f"| {arm} | {b} | {'all' if vocab is None else vocab} | {tau_cell(g)} | "
+                                  f"{fmt(g['expected_accepted'])} | {fmt(g['speedup'])}x | {g['n_prompts']} |")
+    block_header = ("| drafter | inference block | draft vocabulary | tau [95% CI] | expected accepted | speed-up | "
+                    "prompts |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     oracle_rows = []
     for t in temperatures:  # eval.sh runs no greedy oracle: greedy decoding always drafts the top token
         oracle_dir = os.path.join(args.runs, "oracle", f"T{t}")
@@ -265,7 +269,8 @@ def main() -> None:
                 + "\n\n## Acceptance and speed-up\n\n" + ("![tau per dataset](tau.png)\n\n" if plotted else "")
                 + header + "\n" + "\n".join(main_rows)
                 + "\n\n## Per dataset\n\n" + detail_header + "\n" + "\n".join(detail_rows)
-                + "\n\n## Inference block length on the CPU (GSM8K, temperature 0.7, top-p 0.8, top-k 20)\n\n"
+                + "\n\n## Inference block length and draft vocabulary on the CPU (GSM8K, temperature 0.7, top-p 0.8, "
+                  "top-k 20)\n\n"
                 + block_header + "\n" + "\n".join(block_rows)
                 + "\n\n## Top-token oracle: a drafter that always drafts the target's most likely token (block 16, first turns)\n\n"
                 + oracle_header + "\n" + "\n".join(oracle_rows) + "\n")

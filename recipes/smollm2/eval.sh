@@ -13,7 +13,9 @@
 #   speed    speed-up over target-only sampling: one process at a time with every core, on
 #            the first SPEED_PROMPTS prompts of each dataset (the same prompts and seeds)
 #   blocks   speed-up on GSM8K at temperature 0.7 with shorter inference blocks (16, 8, 4) at the
-#            calibrated Z_T: on a CPU a target pass costs more the more tokens it verifies
+#            calibrated Z_T, each with the whole vocabulary and with each draft vocabulary in VOCABS
+#            (--draft-vocab): on a CPU a target pass costs more the more tokens it verifies, and
+#            drafting costs in proportion to the vocabulary the drafter's LM head scores
 #   determinism  accepted length binned by early determinism, MT-Bench, temperature 1.0 (not
 #            resumable: about half an hour, recomputed whole)
 #   collect  report files (summary, report, plots; not the records) into results/smollm2/, and
@@ -23,11 +25,13 @@
 # records into the repository now and then and commit them (eval.sh restores them first):
 #   python recipes/smollm2/checkpoint.py save --runs "$OUT" && git add results/smollm2/records
 # Environment (defaults): OUT (runs/smollm2-eval), PROMPTS (45), SPEED_PROMPTS (10), ORACLE_PROMPTS (20),
-# WORKERS (2), GRID (Z_T, 0,0.5,1), MAX_NEW_TOKENS (256; fewer for a smoke run), TRUNCATIONS (200).
+# WORKERS (2), GRID (Z_T, 0,0.5,1), MAX_NEW_TOKENS (256; fewer for a smoke run), TRUNCATIONS (200),
+# VOCABS ("full 8192": the draft vocabularies of the blocks phase).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/smollm2-eval} PROMPTS=${PROMPTS:-45} SPEED_PROMPTS=${SPEED_PROMPTS:-10} WORKERS=${WORKERS:-2}
 ORACLE_PROMPTS=${ORACLE_PROMPTS:-20} GRID=${GRID:-0,0.5,1} MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
+VOCABS=${VOCABS:-full 8192}
 PHASES=${PHASES:-accept oracle speed blocks determinism collect}
 DATASETS=gsm8k,mtbench,humaneval,math500
 command -v dblast > /dev/null || { echo "dblast is not on PATH: source .venv/bin/activate (scripts/setup.sh)"; exit 2; }
@@ -89,10 +93,14 @@ for phase in $PHASES; do
     blocks)
       for arm in dblast-k4 dflash-k1; do
         for b in 16 8 4; do
-          finished "blocks $arm B=$b" "$OUT/blocks/$arm-B$b/summary.json" && continue
-          dblast eval --drafter "$arm" --block-size "$b" --datasets gsm8k --num-prompts "$SPEED_PROMPTS" $(sampling 0.7) \
-            --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature "$(python recipes/smollm2/chosen_zt.py "$OUT/accept/$arm-T0.7")" \
-            --measure-speedup --all-responses --no-progress --out "$OUT/blocks/$arm-B$b" | tail -2
+          for v in $VOCABS; do
+            name=$arm-B$b$([[ $v == full ]] || echo "-V$v")
+            finished "blocks $name" "$OUT/blocks/$name/summary.json" && continue
+            dblast eval --drafter "$arm" --block-size "$b" $([[ $v == full ]] || echo "--draft-vocab $v") \
+              --datasets gsm8k --num-prompts "$SPEED_PROMPTS" $(sampling 0.7) --max-new-tokens "$MAX_NEW_TOKENS" \
+              --category-temperature "$(python recipes/smollm2/chosen_zt.py "$OUT/accept/$arm-T0.7")" \
+              --measure-speedup --all-responses --no-progress --out "$OUT/blocks/$name" | tail -2
+          done
         done
       done ;;
     determinism)
