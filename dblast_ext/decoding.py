@@ -240,7 +240,10 @@ class SpeculativeDecoder:
         key = (head.data_ptr(), head.device, head.dtype)
         if self._draft_head is None or self._draft_head[0] != key:  # gathered once, again if the model moved
             ids = self.draft_ids.to(head.device)
-            self._draft_head = (key, ids, head.detach().index_select(0, ids).contiguous())
+            rows = head.detach().index_select(0, ids)
+            if rows.device.type == "cpu":  # the CPU kernel computes in float32 and would upcast 16-bit
+                rows = rows.float()        # rows every call; upcasting is exact, so the argmax is the same
+            self._draft_head = (key, ids, rows.contiguous())
         _, ids, rows = self._draft_head
         local = self.drafter.branch_tokens(block_hidden, rows, len(ids), use_kernels=self.use_kernels)
         return ids[local]

@@ -330,11 +330,16 @@ def test_greedy_output_with_a_draft_vocabulary_equals_the_targets_own(tmp_path, 
 def test_the_gathered_head_follows_the_model_to_another_dtype(tmp_path):
     dec = make_decoder(tmp_path, branches=4, block_size=4, draft_vocab=20)
     assert len(dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=12).token_ids) == 12
-    assert dec._draft_head[2].dtype == torch.float32
+    assert dec._draft_head[0][2] == torch.float32
     dec.target.model.to(torch.bfloat16)
     dec.drafter.to(torch.bfloat16)
     hidden = torch.randn(1, 4, dec.drafter.config.hidden_size, dtype=torch.bfloat16)
     assert dec.draft_tokens(hidden).max() < 20
-    assert dec._draft_head[2].dtype == torch.bfloat16  # regathered, not the float32 rows of the first run
+    # regathered from the bfloat16 head (on a CPU kept as float32, which the kernel computes in)
+    assert dec._draft_head[0][2] == torch.bfloat16
+    rows = dec.target.lm_head_weight.index_select(0, dec.draft_ids)
+    assert torch.equal(dec._draft_head[2], rows.float() if rows.device.type == "cpu" else rows)
+    # and the drafts are those of the bfloat16 rows themselves (the upcast is exact)
+    assert torch.equal(dec.draft_tokens(hidden), dec.draft_ids[dec.drafter.branch_tokens(hidden, rows, len(rows))])
     expected = hf_greedy(dec.target.model, PROMPT, 12)
     assert dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=12).token_ids == expected
