@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from dblast_ext.cli.demo import cycle_cost_line
+from dblast_ext.cli.demo import cheaper_cycle_hint, cycle_cost_line
 from dblast_ext.cli.display import committed_length
 from dblast_ext.embedded_drafters import EMBEDDED_DRAFTERS, embedded_drafter_dir, resolve_drafter
 
@@ -117,3 +117,11 @@ def test_demo_cycle_cost_line_explains_the_speedup():
     line = cycle_cost_line(10, 2.0, 1.0, 3.0, 0.1)
     assert "costs 4.00 target-only steps (draft 1.00 + verify 3.00)" in line
     assert "commits 2.00 tokens: 2.00 / 4.00 = 0.50x" in line
+
+
+def test_demo_suggests_the_cheaper_cycle_flags_only_where_they_apply():
+    assert "--draft-vocab 8192 --block-size 8" in cheaper_cycle_hint("cpu", 0.6, None, None)
+    assert cheaper_cycle_hint("cpu", 0.6, 8192, None)  # half of it still to try
+    assert cheaper_cycle_hint("cpu", 0.9, 8192, 8) == ""  # already using both
+    assert cheaper_cycle_hint("cpu", 1.2, None, None) == ""  # already faster
+    assert cheaper_cycle_hint("cuda", 0.6, None, None) == ""  # the advice is the CPU's
