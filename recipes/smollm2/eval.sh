@@ -24,6 +24,9 @@
 # but determinism resumes from its records. To keep progress beyond this machine, save the
 # records into the repository now and then and commit them (eval.sh restores them first):
 #   python recipes/smollm2/checkpoint.py save --runs "$OUT" && git add results/smollm2/records
+# Developing while it runs: start it from a separate clone built in place (`python setup.py
+# build_ext --inplace`, PYTHONPATH=<clone>), since rebuilding an editable checkout replaces
+# the compiled library under the running workers and fails the runs they start meanwhile.
 # Environment (defaults): OUT (runs/smollm2-eval), PROMPTS (45), SPEED_PROMPTS (10), ORACLE_PROMPTS (20),
 # WORKERS (2), GRID (Z_T, 0,0.5,1), MAX_NEW_TOKENS (256; fewer for a smoke run), TRUNCATIONS (200),
 # VOCABS ("full 8192": the draft vocabularies of the blocks phase).
