@@ -15,18 +15,14 @@ from typing import Iterable, Optional, Sequence, Union
 
 import torch
 
+from .target_loading import declared_eos_ids
+
 DraftVocab = Union[int, Sequence[int], torch.Tensor, None]
 
 
 def end_of_sequence_ids(model) -> set:
     """The end-of-sequence ids a transformers model declares (config and generation config)."""
-    ids = set()
-    for config in (getattr(model, "config", None), getattr(model, "generation_config", None)):
-        value = getattr(config, "eos_token_id", None)
-        if value is None:
-            continue
-        ids.update(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
-    return ids
+    return declared_eos_ids(getattr(model, "config", None), getattr(model, "generation_config", None))
 
 
 def draft_vocabulary(draft_vocab: DraftVocab, vocab_size: int, always: Iterable[int] = ()) -> Optional[torch.Tensor]:

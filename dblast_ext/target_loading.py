@@ -80,15 +80,20 @@ def encode_messages(tokenizer, messages: List[dict]) -> List[int]:
     return tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"]
 
 
+def declared_eos_ids(*holders) -> set:
+    """The `eos_token_id` values (an id, a list of ids or None) that configs, generation
+    configs or tokenizers declare, as one set."""
+    ids = set()
+    for holder in holders:
+        value = getattr(holder, "eos_token_id", None)
+        if value is not None:
+            ids.update(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+    return ids
+
+
 def stop_token_ids(model, tokenizer) -> List[int]:
     """The end-of-sequence ids of the model's generation config and of its tokenizer."""
-    ids = set()
-    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (config_eos, getattr(tokenizer, "eos_token_id", None)):
-        if value is None:
-            continue
-        ids.update(value if isinstance(value, (list, tuple)) else [value])
-    return sorted(ids)
+    return sorted(declared_eos_ids(getattr(model, "generation_config", None), tokenizer))
 
 
 class TextStream:

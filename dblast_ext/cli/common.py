@@ -43,6 +43,11 @@ def add_model_args(p, *, block_size: bool = True) -> None:
     p.add_argument("--no-kernels", action="store_true", help="run the reference ops instead of the compiled kernels")
 
 
+def add_category_temperature_arg(p) -> None:
+    p.add_argument("--category-temperature", type=float, default=1.0,
+                   help="Z_T, the prior's temperature; 0 = always the most likely branch (default %(default)s)")
+
+
 def add_draft_vocab_arg(p) -> None:
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="draft only the first N token ids (and the end-of-sequence ids): the drafter's LM head "

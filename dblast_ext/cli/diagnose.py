@@ -29,8 +29,8 @@ from ..eval.records import read_run_records
 from ..eval.report import PLOTS_SKIPPED, plot_histograms, pyplot, summarize_run
 from ..eval.runner import response_seed
 from ..target_loading import default_device, encode_messages, load_target, stop_token_ids
-from .common import (add_model_args, add_sampling_args, add_target_args, check_args, check_sampling_args,
-                     check_target_args, load_decoder, sampling_of)
+from .common import (add_category_temperature_arg, add_model_args, add_sampling_args, add_target_args, check_args,
+                     check_sampling_args, check_target_args, load_decoder, sampling_of)
 from .display import acceptance_histogram
 from .evaluate import add_eval_args, generate_records, load_all_prompts, model_name
 
@@ -57,8 +57,7 @@ def add_parser(subparsers) -> None:
                    help="the wider block B to run the drafter at, larger than the block it was trained at (e.g. 24)")
     add_sampling_args(e, temperature=0.0)
     add_eval_args(e, measure_speedup=False)  # acceptance only, nothing timed
-    e.add_argument("--category-temperature", type=float, default=1.0,
-                   help="Z_T, the prior's temperature (default %(default)s)")
+    add_category_temperature_arg(e)
     d = kinds.add_parser("determinism", help="accepted length binned by target-block early determinism",
                          description="Sample the target's own responses (first turns), truncate them at "
                                      "--truncations random points, and at each point measure the target block's "
@@ -71,8 +70,7 @@ def add_parser(subparsers) -> None:
     add_sampling_args(d)
     # the expected accepted length of one first cycle per point: nothing timed, no EOS filter, no resume
     add_eval_args(d, measure_speedup=False, all_responses=False, resumes=False)
-    d.add_argument("--category-temperature", type=float, default=1.0,
-                   help="Z_T, the prior's temperature (default %(default)s)")
+    add_category_temperature_arg(d)
     d.add_argument("--truncations", type=int, default=200,
                    help="truncation points sampled over the responses (default %(default)s)")
     d.add_argument("--samples", type=int, default=20,

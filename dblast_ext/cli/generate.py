@@ -5,7 +5,8 @@ import json
 import sys
 
 from ..target_loading import TextStream, encode_prompt, stop_token_ids
-from .common import add_model_args, add_sampling_args, check_args, load_decoder, sampling_of
+from .common import (add_category_temperature_arg, add_model_args, add_sampling_args, check_args, load_decoder,
+                     sampling_of)
 from ..eval.metrics import speedup_ratio
 from .display import acceptance_histogram, committed_length, rate
 
@@ -20,8 +21,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prompt", required=True, help="the prompt text ('-' reads it from stdin)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     p.add_argument("--system", default=None, help="a system message (with --chat)")
-    p.add_argument("--category-temperature", type=float, default=1.0,
-                   help="Z_T, the prior's temperature; 0 = always the most likely branch (default 1.0)")
+    add_category_temperature_arg(p)
     p.add_argument("--compare-ar", action="store_true",
                    help="also sample with the target alone (same seed and filter) and report the speed-up")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
