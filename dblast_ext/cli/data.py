@@ -4,7 +4,7 @@ resumable JSONL file; see dblast_ext.training.data for the format."""
 import os
 
 from ..decoding import SamplingParams
-from ..eval.datasets import load_prompts, parse_dataset_list
+from ..eval.datasets import load_dataset_list
 from ..target_loading import load_target
 from ..training.data import check_existing, generate_training_data, sampling_settings
 from .common import add_sampling_args, add_target_args, check_sampling_args, check_target_args
@@ -48,10 +48,8 @@ def check_generate_args(args) -> None:
 
 def run_generate(args) -> int:
     check_generate_args(args)
-    prompts = []
     try:
-        for name in parse_dataset_list(args.prompts):
-            prompts += load_prompts(name, limit=args.num_prompts)
+        prompts = load_dataset_list(args.prompts, limit=args.num_prompts)
     except ValueError as e:
         raise ValueError(f"--prompts: {e}") from None
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p)

@@ -9,7 +9,7 @@ import sys
 from ..drafter_io import checkpoint_digest
 from ..embedded_drafters import resolve_drafter
 from ..eval.calibration import DEFAULT_GRID, calibrate, parse_grid, split_prompts
-from ..eval.datasets import load_prompts, parse_dataset_list
+from ..eval.datasets import load_dataset_list
 from ..eval.report import pyplot, write_report
 from ..eval.runner import run_prompts
 from ..eval.datasets import chat_messages
@@ -57,13 +57,10 @@ def add_eval_args(p, *, measure_speedup: bool = True, all_responses: bool = True
 def load_all_prompts(args):
     if args.num_prompts is not None and args.num_prompts <= 0:
         raise ValueError(f"--num-prompts must be > 0, got {args.num_prompts}")
-    prompts = []
     try:
-        for name in parse_dataset_list(args.datasets):
-            prompts += load_prompts(name, limit=args.num_prompts)
+        return load_dataset_list(args.datasets, limit=args.num_prompts)
     except ValueError as e:
         raise ValueError(f"--datasets: {e}") from None
-    return prompts
 
 
 def check_calibration_split(args, prompts) -> None:

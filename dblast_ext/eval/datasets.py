@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-__all__ = ["Prompt", "DATASETS", "load_prompts", "parse_dataset_list", "chat_messages"]
+__all__ = ["Prompt", "DATASETS", "load_prompts", "parse_dataset_list", "load_dataset_list", "chat_messages"]
 
 
 @dataclass
@@ -263,6 +263,15 @@ def parse_dataset_list(spec: str) -> List[str]:
                              f"(entries {names[dataset]!r} and {entry!r})")
         names[dataset] = entry
     return entries
+
+
+def load_dataset_list(spec: str, *, limit: Optional[int] = None) -> List[Prompt]:
+    """The prompts of every entry of a comma-separated dataset list (parse_dataset_list), in
+    list order, the first `limit` of each."""
+    prompts: List[Prompt] = []
+    for name in parse_dataset_list(spec):
+        prompts += load_prompts(name, limit=limit)
+    return prompts
 
 
 def chat_messages(prompt: Prompt, turn: int = 0,
