@@ -4,7 +4,9 @@
 The GGUF is dequantised once (transformers reads it through the `gguf` package) and kept as
 an ordinary transformers model directory (config, float32 safetensors, tokenizer with its
 chat template) in a local cache, so every later load is a plain `from_pretrained`. The
-cache is `$DBLAST_MODEL_CACHE`, else `~/.cache/dblast_ext/models`.
+cache is `$DBLAST_MODEL_CACHE`, else `~/.cache/dblast_ext/models`, one directory per
+transformers major version: transformers 4 reads the config transformers 5 writes without its
+RoPE base (5 nests it in `rope_parameters`) and would silently run another model.
 """
 import contextlib
 import fcntl
@@ -62,17 +64,28 @@ def _exclusive(lock_path: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _directory_name() -> str:
+    """NAME and the major version of the transformers that writes and reads the directory."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major = version("transformers").split(".")[0]
+    except PackageNotFoundError:
+        raise ImportError("the default target is loaded by transformers: pip install transformers") from None
+    return f"{NAME}-transformers{major}"
+
+
 def default_target_dir(cache_dir: Optional[str] = None) -> str:
     """A transformers directory of SmolLM2-135M-Instruct, made from the GGUF on first use."""
     source = gguf_path()
-    out = os.path.join(cache_dir or cache_root(), NAME)
+    out = os.path.join(cache_dir or cache_root(), _directory_name())
     if _is_current(out, source):
         return out
     for module in ("gguf", "accelerate"):  # transformers needs both to read a GGUF file
         if importlib.util.find_spec(module) is None:
             raise ImportError(f"dequantising the default target needs the package {module!r}: {INSTALL}")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    with _exclusive(os.path.join(os.path.dirname(out), f".{NAME}.lock")):
+    with _exclusive(os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.lock")):
         if not _is_current(out, source):  # else made by another process while this one waited
             _dequantise(source, out)
     return out
@@ -87,7 +100,7 @@ def _dequantise(source: str, out: str) -> None:
     folder, name = os.path.split(source)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    staging = tempfile.mkdtemp(prefix=f".{NAME}-", dir=os.path.dirname(out))
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}-", dir=os.path.dirname(out))
     try:
         tied = bool(getattr(model.config, "tie_word_embeddings", False))
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()

@@ -42,6 +42,23 @@ def test_the_gguf_becomes_a_plain_transformers_directory(cache):
     assert np.array_equal(load_file(f"{path}/model.safetensors")["model.embed_tokens.weight"].numpy(), expected)
 
 
+def test_the_installed_transformers_reads_back_the_ggufs_rope_base(cache):
+    """The directory is this transformers major version's own (4 reads 5's config without its
+    RoPE base and would run another model), and the base read back is the GGUF's."""
+    import gguf
+    import transformers
+    from transformers import AutoConfig
+
+    from dblast_ext.default_target import NAME, gguf_path
+
+    path, _ = cache
+    assert os.path.basename(path) == f"{NAME}-transformers{transformers.__version__.split('.')[0]}"
+    field = gguf.GGUFReader(gguf_path()).fields["llama.rope.freq_base"]
+    config = AutoConfig.from_pretrained(path)
+    read_back = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", getattr(config, "rope_theta", None))
+    assert read_back == float(field.parts[field.data[0]][0]) == 100000.0
+
+
 def test_the_cached_directory_is_reused(cache):
     from dblast_ext.default_target import default_target_dir
 
