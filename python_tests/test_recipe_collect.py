@@ -106,3 +106,26 @@ def test_block_runs_are_tabulated_with_their_draft_vocabulary(tmp_path):
     rows = [line.split(" | ")[1:3] + [line.split(" | ")[5]] for line in table.splitlines() if line.startswith("| dblast")]
     assert rows == [["16", "all", "0.70x"], ["4", "all", "0.90x"], ["4", "8192", "1.10x"]]
     assert (out / "dblast-k4-B4-V8192" / "summary.json").exists()  # copied, so checkpoint.py can restore it
+
+
+def test_histograms_are_linked_and_the_determinism_table_and_plot_are_shown(tmp_path):
+    pytest.importorskip("matplotlib")
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    write_run(runs / "accept" / "dblast-k4-T1.0", 1)
+    run_collect(runs, out)
+    text = (out / "results.md").read_text()
+    histograms = text.split("## Acceptance histograms")[1].split("## Accepted length")[0]
+    links = [line.split("(", 1)[1].split(")", 1)[0] for line in histograms.splitlines()
+             for line in line.split(" | ") if line.startswith("[png](")]
+    assert links == [f"dblast-k4-T1.0/histogram_{d}.png" for d in DATASETS]
+    assert all((out / link).read_bytes().startswith(b"\x89PNG") for link in links)
+    assert "not run yet" in text.split("## Accepted length by target-block early determinism")[1]
+
+    (runs / "determinism").mkdir()
+    table = "| early determinism | truncation points | mean expected accepted | standard error |\n| (0.0, 0.2] | 3 | 0.5 | 0.1 |"
+    (runs / "determinism" / "determinism.md").write_text(table + "\n")
+    (runs / "determinism" / "determinism.png").write_bytes(b"\x89PNG stand-in")
+    run_collect(runs, out)
+    section = (out / "results.md").read_text().split("## Accepted length by target-block early determinism")[1]
+    assert section.split("\n", 1)[1].strip() == "![accepted length by early determinism](determinism/determinism.png)\n\n" + table
+    assert (out / "determinism" / "determinism.png").exists()

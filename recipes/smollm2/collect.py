@@ -21,6 +21,7 @@ from dblast_ext.eval.report import pyplot, summarize_run
 
 ARMS = ("dflash-k1", "dblast-k4")  # table order; the runs' own names say which exist
 DATASETS = ("gsm8k", "mtbench", "humaneval", "math500")
+DATASET_TITLES = {"gsm8k": "GSM8K", "mtbench": "MT-Bench", "humaneval": "HumanEval", "math500": "MATH-500"}
 
 
 def load(path):
@@ -71,6 +72,28 @@ def copy_run(src, dst, runs_root):
                     f.write(text)
             else:
                 shutil.copyfile(path, target)
+
+
+HISTOGRAM_HEADER = ("| temperature | drafter | " + " | ".join(DATASET_TITLES[d] for d in DATASETS) + " |\n"
+                    "| --- | --- |" + " --- |" * len(DATASETS))
+
+
+def histogram_row(out, folder, t, arm):
+    """Links to the histogram plots that `dblast eval` drew for one copied acceptance run."""
+    cells = [f"[png]({folder}/histogram_{d}.png)" if os.path.isfile(os.path.join(out, folder, f"histogram_{d}.png"))
+             else "-" for d in DATASETS]
+    return f"| {t} | {arm} | " + " | ".join(cells) + " |"
+
+
+def determinism_section(folder):
+    """The binned table and plot of `dblast diagnose determinism` (DBLast Figure 1), as copied."""
+    table = os.path.join(folder, "determinism.md")
+    if not os.path.isfile(table):
+        return "*(not run yet: the `determinism` phase of `bash recipes/smollm2/eval.sh` makes it)*"
+    with open(table) as f:
+        text = f.read().strip()
+    plot = "![accepted length by early determinism](determinism/determinism.png)\n\n"
+    return (plot if os.path.isfile(os.path.join(folder, "determinism.png")) else "") + text
 
 
 def plot_tau(path, shown, oracles, filters) -> bool:
@@ -168,7 +191,7 @@ def main() -> None:
     if args.readme and not os.path.isfile(args.readme):
         parser.error(f"--readme: no file {args.readme}")
     os.makedirs(args.out, exist_ok=True)
-    main_rows, detail_rows = [], []
+    main_rows, detail_rows, histogram_rows = [], [], []
     finished, speeds = {}, {}  # (arm, temperature) -> summary of a finished acceptance / speed run
     shown, oracles = {}, {}  # (label, temperature) -> per-dataset summaries in the table; T -> oracle's
     temperatures = temperatures_run(args.runs)
@@ -189,6 +212,7 @@ def main() -> None:
                 continue
             else:
                 copy_run(accept_dir, os.path.join(args.out, f"{arm}-T{t}"), args.runs)
+                histogram_rows.append(histogram_row(args.out, f"{arm}-T{t}", t, arm))
             if speed is not None:
                 copy_run(speed_dir, os.path.join(args.out, f"{arm}-T{t}-speed"), args.runs)
             calibration = load(os.path.join(accept_dir, "calibration", "calibration.json"))
@@ -260,8 +284,8 @@ def main() -> None:
     if os.path.isdir(determinism):
         copy_run(determinism, os.path.join(args.out, "determinism"), args.runs)
     missing = "\n*(no runs of this phase yet: `bash recipes/smollm2/eval.sh` makes them)*"
-    main_rows, detail_rows, block_rows, oracle_rows = (
-        rows or [missing] for rows in (main_rows, detail_rows, block_rows, oracle_rows))
+    main_rows, detail_rows, histogram_rows, block_rows, oracle_rows = (
+        rows or [missing] for rows in (main_rows, detail_rows, histogram_rows, block_rows, oracle_rows))
     targets = target_rows(finished, speeds)
     plotted = plot_tau(os.path.join(args.out, "tau.png"), shown, oracles, filters)
     with open(os.path.join(args.out, "results.md"), "w") as f:
@@ -273,7 +297,11 @@ def main() -> None:
                   "top-k 20)\n\n"
                 + block_header + "\n" + "\n".join(block_rows)
                 + "\n\n## Top-token oracle: a drafter that always drafts the target's most likely token (block 16, first turns)\n\n"
-                + oracle_header + "\n" + "\n".join(oracle_rows) + "\n")
+                + oracle_header + "\n" + "\n".join(oracle_rows)
+                + "\n\n## Acceptance histograms (accepted drafts per cycle; the ceiling bin n = B - 1 marked)\n\n"
+                + HISTOGRAM_HEADER + "\n" + "\n".join(histogram_rows)
+                + "\n\n## Accepted length by target-block early determinism (dblast-k4, MT-Bench, T 1.0, top-p 0.95)\n\n"
+                + determinism_section(os.path.join(args.out, "determinism")) + "\n")
     if args.readme:
         speed_prompts = sorted({d["n_prompts"] for run in speeds.values() if run for d in run["datasets"].values()})
         legend = ("Each tau cell: tau [95% CI] over the reported prompts' EOS-terminated responses; "
