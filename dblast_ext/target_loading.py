@@ -2,6 +2,7 @@
 no code from the checkpoint executed. Also the small pieces every front end needs around
 it: device and dtype choice, prompt encoding (plain or through the chat template), and the
 stop tokens."""
+import contextlib
 import os
 from typing import List, Optional
 
@@ -33,9 +34,25 @@ def check_target_path(path: str, name: str = "--target") -> None:
                                 "the embedded SmolLM2-135M-Instruct)")
 
 
-def load_target(path: str, *, device: Optional[str] = None, dtype: str = "auto"):
+@contextlib.contextmanager
+def _transformers_progress_bars(enabled: bool):
+    """transformers' own bars (weight loading) on or off for the block, as they were after."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if was_enabled and not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled and not enabled:
+            hf_logging.enable_progress_bar()
+
+
+def load_target(path: str, *, device: Optional[str] = None, dtype: str = "auto", progress: bool = True):
     """(model, tokenizer) from a local directory holding a transformers causal LM
-    (config.json, weights, tokenizer files), or "default" for the embedded SmolLM2."""
+    (config.json, weights, tokenizer files), or "default" for the embedded SmolLM2.
+    `progress=False` also silences transformers' weight-loading bar (a command's --no-progress)."""
     from .default_target import resolve_target
 
     check_target_path(path)
@@ -50,8 +67,9 @@ def load_target(path: str, *, device: Optional[str] = None, dtype: str = "auto")
     except ImportError as e:  # the kernels need no transformers; the decode loop does
         raise ImportError("loading a target needs transformers: pip install 'dblast_ext[hf]'") from e
     device = device or default_device()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device), local_files_only=True,
-                                                 trust_remote_code=False)
+    with _transformers_progress_bars(progress):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device), local_files_only=True,
+                                                     trust_remote_code=False)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     return model.to(device).eval(), tokenizer
 

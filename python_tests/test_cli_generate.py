@@ -129,3 +129,20 @@ def test_the_installed_console_script_runs(model_dirs):
                           capture_output=True, text=True, timeout=300, cwd="/")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["new_tokens"] <= 8
+
+
+def test_progress_false_silences_the_weight_loading_bar_and_restores_it(capfd, model_dirs):
+    """A command's --no-progress reaches transformers' own weight-loading bar (transformers 5
+    draws one for every load), and the bars are on again afterwards."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    from dblast_ext.target_loading import load_target
+
+    capfd.readouterr()
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        load_target(model_dirs[0], device="cpu", progress=True)
+        assert "Loading weights" in capfd.readouterr().err  # the bar this test is about
+    load_target(model_dirs[0], device="cpu", progress=False)
+    assert "Loading" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()

@@ -149,7 +149,8 @@ def sampling_of(args) -> SamplingParams:
 def load_decoder(args, category_temperature: float = 1.0):
     """(decoder, tokenizer) from the model flags."""
     device = args.device or default_device()
-    target, tokenizer = load_target(args.target, device=device, dtype=args.dtype)
+    target, tokenizer = load_target(args.target, device=device, dtype=args.dtype,
+                                    progress=not getattr(args, "no_progress", False))
     drafter = load_drafter(args.drafter, target=target, num_branches=args.branches)
     drafter = drafter.to(device=device, dtype=resolve_dtype(args.dtype, device)).eval()
     if args.block_size is not None:

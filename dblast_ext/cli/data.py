@@ -56,7 +56,7 @@ def run_generate(args) -> int:
     check_existing(args.out, sampling_settings(sampling, args.max_new_tokens, args.seed))  # before loading
     parent = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(parent, exist_ok=True)
-    model, tokenizer = load_target(args.target, device=args.device, dtype=args.dtype)
+    model, tokenizer = load_target(args.target, device=args.device, dtype=args.dtype, progress=not args.no_progress)
     records = generate_training_data(model, tokenizer, prompts, args.out, sampling=sampling,
                                      samples_per_prompt=args.samples_per_prompt,
                                      max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,

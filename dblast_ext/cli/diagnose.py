@@ -219,7 +219,8 @@ def run_oracle(args) -> int:
     check_target_args(args)
     prompts = load_all_prompts(args)
     os.makedirs(args.out, exist_ok=True)
-    model, tokenizer = load_target(args.target, device=args.device or default_device(), dtype=args.dtype)
+    model, tokenizer = load_target(args.target, device=args.device or default_device(), dtype=args.dtype,
+                                   progress=not args.no_progress)
     settings = {"target": model_name(args.target), "oracle": "top token", "temperature": args.temperature,
                 "top_p": args.top_p, "top_k": args.top_k, "block_size": args.block_size,
                 "max_new_tokens": args.max_new_tokens, "seed": args.seed}

@@ -211,7 +211,7 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
     if parallel.world > 1 and device.startswith("cuda"):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     os.makedirs(config.out, exist_ok=True)
-    target_model, _ = load_target(config.target, device=device, dtype=config.dtype)
+    target_model, _ = load_target(config.target, device=device, dtype=config.dtype, progress=progress)
     target_model.requires_grad_(False)
     drafter, trained_block = build_drafter(config, target_model)
     drafter = drafter.to(device).float().train()
