@@ -78,8 +78,9 @@ HISTOGRAM_HEADER = ("| temperature | drafter | " + " | ".join(DATASET_TITLES[d] 
                     "| --- | --- |" + " --- |" * len(DATASETS))
 
 
-def histogram_row(out, folder, t, arm):
-    """Links to the histogram plots that `dblast eval` drew for one copied acceptance run."""
+def histogram_row(out, arm, t):
+    """Links to the histogram plots that `dblast eval` drew for one acceptance run copied into `out`."""
+    folder = f"{arm}-T{t}"
     cells = [f"[png]({folder}/histogram_{d}.png)" if os.path.isfile(os.path.join(out, folder, f"histogram_{d}.png"))
              else "-" for d in DATASETS]
     return f"| {t} | {arm} | " + " | ".join(cells) + " |"
@@ -212,7 +213,7 @@ def main() -> None:
                 continue
             else:
                 copy_run(accept_dir, os.path.join(args.out, f"{arm}-T{t}"), args.runs)
-                histogram_rows.append(histogram_row(args.out, f"{arm}-T{t}", t, arm))
+                histogram_rows.append(histogram_row(args.out, arm, t))
             if speed is not None:
                 copy_run(speed_dir, os.path.join(args.out, f"{arm}-T{t}-speed"), args.runs)
             calibration = load(os.path.join(accept_dir, "calibration", "calibration.json"))
@@ -239,7 +240,7 @@ def main() -> None:
                     f"{s['cycle_mean_ci'][1]:.2f}] | {100 * first_draft_accepted(s):.1f}% | "
                     f"{100 * s['ceiling_fraction']:.1f}% | {fmt(s['expected_accepted'])} | {fmt(speedups.get(d))}{'x' if speedups.get(d) else ''} | {s['n_prompts']} | "
                     f"{s['n_eos_terminated']}/{s['n_responses']} | {s['n_cycles']} |")
-    header = ("| temperature | drafter | Z_T | tau GSM8K | tau MT-Bench | tau HumanEval | tau MATH-500 | "
+    header = ("| temperature | drafter | Z_T | " + " | ".join(f"tau {DATASET_TITLES[d]}" for d in DATASETS) + " | "
               "macro expected accepted | ceiling (mean) | speed-up GSM8K | speed-up macro |\n"
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     detail_header = ("| T | drafter | dataset | tau [95% CI] | cycle mean [95% CI] | first draft accepted | ceiling | "
@@ -278,7 +279,7 @@ def main() -> None:
                            + f" | {fmt(sum(top) / len(top) if top else None, 3)} | "
                            + str(sum(per[d]["n_prompts"] for d in DATASETS if d in per)) + " |")
     oracle_header = ("Each cell: tau [95% CI] (the share of cycles whose first draft is accepted).\n\n"
-                     "| temperature | GSM8K | MT-Bench | HumanEval | MATH-500 | mean top-token probability | prompts ended with EOS |\n"
+                     "| temperature | " + " | ".join(DATASET_TITLES[d] for d in DATASETS) + " | mean top-token probability | prompts ended with EOS |\n"
                      "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     determinism = os.path.join(args.runs, "determinism")
     if os.path.isdir(determinism):
