@@ -214,9 +214,9 @@ def test_expansion_block_size_is_required_and_explained(files, capsys, monkeypat
     assert exit_info.value.code == 2 and "--block-size" in capsys.readouterr().err
 
 
-def test_determinism_out_help_says_it_recomputes(capsys, monkeypatch):
-    out_help = flag_help(help_text(capsys, monkeypatch, ["diagnose", "determinism"]), "--out")
-    assert "recomputed" in out_help and "is resumed" not in out_help
+def test_determinism_out_help_says_it_resumes(capsys, monkeypatch):
+    text = help_text(capsys, monkeypatch, ["diagnose", "determinism"])
+    assert "is resumed" in flag_help(text, "--out") and "rerunning with the same --out resumes" in text
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +250,8 @@ def test_calibrate_description_shows_a_plain_percent(capsys, monkeypatch):
 
 @pytest.mark.parametrize("argv,names", [
     (["diagnose", "expansion"], ["records_block<B>.jsonl", "expansion.json", "expansion.md"]),
-    (["diagnose", "determinism"], ["determinism.json", "determinism.md", "determinism.png"]),
+    (["diagnose", "determinism"], ["determinism.json", "determinism.md", "determinism.png", "responses.jsonl",
+                                   "points.jsonl"]),
     (["diagnose", "oracle"], ["records.jsonl", "oracle.json", "oracle.md", "histogram_<dataset>.png"]),
     (["diagnose", "ceiling"], ["ceiling fraction"]),
     (["calibrate"], ["zt_<Z_T>.jsonl", "calibration.json", "calibration.png"]),
@@ -318,8 +319,8 @@ def test_the_ceiling_bin_is_labelled_with_the_number_of_drafts(files, capsys):
 
 
 @pytest.mark.parametrize("subcommand,resumes", [("eval", True), ("data generate", True), ("train", True),
-                                                ("diagnose oracle", True), ("generate", False),
-                                                ("diagnose determinism", False)])
+                                                ("diagnose oracle", True), ("diagnose determinism", True),
+                                                ("generate", False)])
 def test_ctrl_c_exits_130_and_says_whether_a_rerun_resumes(files, capsys, monkeypatch, subcommand, resumes):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt

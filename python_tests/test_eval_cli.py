@@ -195,6 +195,37 @@ def test_diagnose_determinism_bins_truncation_points(setup):
     assert (out / "determinism.png").read_bytes().startswith(PNG)
 
 
+def test_diagnose_determinism_resumes_to_the_points_of_an_uninterrupted_run(setup, monkeypatch, capsys):
+    import dblast_ext.eval.determinism as determinism
+    args = lambda out, n: ["diagnose", "determinism", *model_args(setup, "--out", str(out), "--truncations", str(n),  # noqa: E731
+                                                                  "--samples", "3")]
+    whole, resumed = setup[0] / "determinism-whole", setup[0] / "determinism-resumed"
+    assert main(args(whole, 6)) == 0
+    expected = json.loads((whole / "determinism.json").read_text())
+    assert [p["index"] for p in expected["points"]] == list(range(6))
+    # killed after two target responses and two points, then resumed: only the rest is computed
+    assert main(args(resumed, 6)) == 0
+    for name, keep in (("responses.jsonl", 2), ("points.jsonl", 2)):
+        lines = (resumed / name).read_text().splitlines(keepends=True)
+        (resumed / name).write_text("".join(lines[:keep]))
+    computed = []
+    first_cycle = determinism.SpeculativeDecoder.first_cycle
+    monkeypatch.setattr(determinism.SpeculativeDecoder, "first_cycle",
+                        lambda self, *a, **k: computed.append(1) or first_cycle(self, *a, **k))
+    assert main(args(resumed, 6)) == 0
+    assert len(computed) == 4
+    assert json.loads((resumed / "determinism.json").read_text())["points"] == expected["points"]
+    assert (resumed / "determinism.md").read_text() == (whole / "determinism.md").read_text()
+    # a larger --truncations extends the run with new points, the first six unchanged
+    assert main(args(resumed, 8)) == 0
+    assert len(computed) == 6
+    assert json.loads((resumed / "determinism.json").read_text())["points"][:6] == expected["points"]
+    # other settings: refused, naming the file
+    capsys.readouterr()
+    assert main(args(resumed, 8)[:-1] + ["4"]) == 2
+    assert "responses.jsonl holds records made with other settings" in capsys.readouterr().err
+
+
 def test_diagnose_determinism_truncates_responses_before_their_stop_token(setup, monkeypatch):
     import dblast_ext.cli.diagnose as diagnose
     from dblast_ext.decoding import SpeculativeDecoder

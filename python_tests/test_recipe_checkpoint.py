@@ -49,7 +49,8 @@ def test_runs_collected_before_come_back_finished(tmp_path):
              "dflash-k1-T1.5-speed/summary.json": "speed/dflash-k1-T1.5/summary.json",
              "dblast-k4-B8/summary.json": "blocks/dblast-k4-B8/summary.json",
              "dflash-k1-B4-V8192/summary.json": "blocks/dflash-k1-B4-V8192/summary.json",
-             "oracle-T1.0/oracle.json": "oracle/T1.0/oracle.json"}
+             "oracle-T1.0/oracle.json": "oracle/T1.0/oracle.json",
+             "determinism/determinism.json": "determinism/determinism.json"}
     for i, src in enumerate(files):
         (results / src).parent.mkdir(parents=True, exist_ok=True)
         (results / src).write_text(json.dumps({"which": i}))
@@ -79,7 +80,7 @@ def test_save_commits_only_the_records_folder(tmp_path):
     (repo / "other.txt").write_text("staged, not the checkpoint's business")
     subprocess.run(git + ["add", "other.txt"], check=True)
     out = checkpoint("save", "--runs", runs, "--results", repo / "results", "--commit")
-    assert "4 responses saved" in out
+    assert "4 records saved" in out
     committed = subprocess.run(git + ["show", "--name-only", "--format=", "HEAD"], capture_output=True,
                                text=True, check=True).stdout.split()
     assert committed == ["results/records/oracle/T1.0/records.jsonl"]

@@ -15,24 +15,19 @@
 import argparse
 import json
 import os
-import random
 import sys
 
-import torch
-
 from ..decoding import TargetAdapter
-from ..eval.datasets import chat_messages
-from ..eval.determinism import bin_by_determinism, early_determinism
+from ..eval.determinism import bin_by_determinism, determinism_points, target_responses
 from ..eval.metrics import expansion_decomposition, first_draft_accepted, kept_records
 from ..eval.oracle import oracle_records
 from ..eval.records import read_run_records
 from ..eval.report import PLOTS_SKIPPED, plot_histograms, pyplot, summarize_run
-from ..eval.runner import response_seed
-from ..target_loading import default_device, encode_messages, load_target, stop_token_ids
+from ..target_loading import default_device, load_target, stop_token_ids
 from .common import (add_category_temperature_arg, add_model_args, add_sampling_args, add_target_args, check_args,
                      check_sampling_args, check_target_args, load_decoder, sampling_of)
 from .display import acceptance_histogram
-from .evaluate import add_eval_args, generate_records, load_all_prompts, model_name
+from .evaluate import add_eval_args, generate_records, load_all_prompts, model_name, run_settings
 
 
 def add_parser(subparsers) -> None:
@@ -64,12 +59,14 @@ def add_parser(subparsers) -> None:
                                      "early determinism (from --samples sampled target blocks) and the expected "
                                      "accepted length of the drafter's first cycle; report the mean per "
                                      "determinism bin (DBLast Eq 22-24, Figure 1). Writes determinism.json "
-                                     "(settings, bins, points), determinism.md and determinism.png into --out; "
-                                     "a rerun recomputes everything.")
+                                     "(settings, bins, points), determinism.md and determinism.png into --out, "
+                                     "and keeps the target responses and each point as it is done "
+                                     "(responses.jsonl, points.jsonl): rerunning with the same --out resumes, "
+                                     "a larger --truncations adds points.")
     add_model_args(d)
     add_sampling_args(d)
-    # the expected accepted length of one first cycle per point: nothing timed, no EOS filter, no resume
-    add_eval_args(d, measure_speedup=False, all_responses=False, resumes=False)
+    # the expected accepted length of one first cycle per point: nothing timed, no EOS filter
+    add_eval_args(d, measure_speedup=False, all_responses=False)
     add_category_temperature_arg(d)
     d.add_argument("--truncations", type=int, default=200,
                    help="truncation points sampled over the responses (default %(default)s)")
@@ -166,34 +163,16 @@ def run_determinism(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     decoder, tokenizer = load_decoder(args, args.category_temperature)
     sampling = sampling_of(args)
-    num_draft = decoder.drafter.config.block_size - 1
-    # target responses to truncate: the target alone, first turn of each prompt, up to its stop
-    # token (which is never an anchor: nothing is drafted after the end of a response)
-    stops = stop_token_ids(decoder.target.model, tokenizer)
-    responses = []
-    for prompt in prompts:
-        ids = encode_messages(tokenizer, chat_messages(prompt))
-        seed = response_seed(args.seed, prompt.dataset, prompt.prompt_id, 0)
-        out = decoder.generate_autoregressive(ids, sampling, max_new_tokens=args.max_new_tokens,
-                                              stop_token_ids=stops, seed=seed)
-        anchors = out.token_ids[:-1] if out.stopped_by_eos else out.token_ids
-        if anchors:
-            responses.append((ids, anchors))
-    if not responses:
-        raise ValueError("every target response stopped at once: no anchor to truncate at")
-    rng = random.Random(args.seed)
-    generator = torch.Generator().manual_seed(args.seed)
-    points = []
-    for k in range(args.truncations):
-        ids, response = responses[rng.randrange(len(responses))]
-        cut = rng.randrange(len(response))  # the anchor is response[cut]
-        prefix = ids + response[: cut + 1]
-        d = early_determinism(decoder.target, prefix, sampling, num_draft, args.samples, generator)
-        cycle = decoder.first_cycle(prefix, sampling, seed=args.seed + k)
-        points.append({"determinism": d, "expected_accepted": cycle.expected_accepted,
-                       "accepted": cycle.num_accepted})
-        if not args.no_progress and (k + 1) % max(1, args.truncations // 10) == 0:
-            print(f"determinism: {k + 1}/{args.truncations} truncation points", file=sys.stderr)
+    # what the responses and points depend on (not --truncations: a larger one extends a run)
+    settings = dict(run_settings(args, args.category_temperature, decoder, measure_speedup=False),
+                    datasets=args.datasets, num_prompts=args.num_prompts, samples=args.samples)
+    responses = target_responses(decoder, tokenizer, prompts, os.path.join(args.out, "responses.jsonl"),
+                                 sampling=sampling, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                                 stop_token_ids=stop_token_ids(decoder.target.model, tokenizer), settings=settings,
+                                 progress=not args.no_progress)
+    points = determinism_points(decoder, responses, os.path.join(args.out, "points.jsonl"), sampling=sampling,
+                                truncations=args.truncations, samples=args.samples, seed=args.seed,
+                                settings=settings, progress=not args.no_progress)
     bins = bin_by_determinism([p["determinism"] for p in points], [p["expected_accepted"] for p in points])
     with open(os.path.join(args.out, "determinism.json"), "w") as f:
         json.dump({"settings": vars(args) | {"out": args.out}, "bins": bins, "points": points}, f, indent=2,

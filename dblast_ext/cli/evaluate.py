@@ -34,10 +34,10 @@ def add_parser(subparsers) -> None:
                    help="Z_T grid for calibration (default %(default)s)")
 
 
-def add_eval_args(p, *, measure_speedup: bool = True, all_responses: bool = True, resumes: bool = True) -> None:
-    """The prompt, output and progress flags of the subcommands that run benchmarks; each
-    subcommand takes --measure-speedup / --all-responses only where it uses them, and
-    `resumes` says whether rerunning into the same --out continues a run."""
+def add_eval_args(p, *, measure_speedup: bool = True, all_responses: bool = True) -> None:
+    """The prompt, output and progress flags of the subcommands that run benchmarks (each of
+    them resumes a run left in its --out); each subcommand takes --measure-speedup /
+    --all-responses only where it uses them."""
     p.add_argument("--datasets", default="gsm8k,mtbench,humaneval,math500",
                    help="comma-separated: gsm8k, math500, humaneval, mtbench, or .jsonl paths (default %(default)s)")
     p.add_argument("--num-prompts", type=int, default=None, help="the first N prompts of each dataset")
@@ -47,11 +47,9 @@ def add_eval_args(p, *, measure_speedup: bool = True, all_responses: bool = True
     if all_responses:
         p.add_argument("--all-responses", action="store_true",
                        help="acceptance statistics over every response, not only those that ended with EOS")
-    p.add_argument("--out", required=True,
-                   help="output directory (created; an existing one is resumed)" if resumes else
-                   "output directory (created; the results are recomputed whole, not resumed)")
+    p.add_argument("--out", required=True, help="output directory (created; an existing one is resumed)")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
-    p.set_defaults(resumable=resumes)  # main's message on Ctrl-C
+    p.set_defaults(resumable=True)  # main's message on Ctrl-C
 
 
 def load_all_prompts(args):

@@ -4,14 +4,27 @@ by it (DBLast Figure 1).
 D_b(y) = E_{x ~ p(.|y)} [ (1/b) sum_j prod_{i<=j} p(x_i | y, x_<i) ] averages the collision
 probabilities of the first 1..b target-prefix distributions: near 1 when the continuation is
 nearly forced, near 0 when many continuations are plausible. It is estimated from M blocks
-sampled from the target's filtered distribution (Eq 24)."""
-from typing import Dict, List, Sequence
+sampled from the target's filtered distribution (Eq 24).
+
+`dblast diagnose determinism` measures both at truncation points of the target's own
+responses; `target_responses` and `determinism_points` keep each response and point as one
+line of a file as soon as it is done, so a rerun into the same folder resumes."""
+import random
+import sys
+import zlib
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from .. import reference
-from ..decoding import SamplingParams, TargetAdapter
+from ..decoding import SamplingParams, SpeculativeDecoder, TargetAdapter
+from ..jsonl import read_jsonl
+from ..progress import progress_bar
+from ..target_loading import encode_messages
+from .datasets import Prompt, chat_messages
+from .records import append_record, read_done_records
+from .runner import response_seed
 
 BIN_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -50,3 +63,76 @@ def bin_by_determinism(determinism: Sequence[float], values: Sequence[float],
         sem = float(v[inside].std(ddof=1) / np.sqrt(n)) if n > 1 else None
         rows.append({"bin": [lo, hi], "count": n, "mean": mean, "sem": sem})
     return rows
+
+
+def read_lines(path: str) -> List[dict]:
+    return [value for _, value in read_jsonl(path, "determinism")]
+
+
+def target_responses(decoder: SpeculativeDecoder, tokenizer, prompts: Sequence[Prompt], path: str, *,
+                     sampling: SamplingParams, max_new_tokens: int, seed: int, stop_token_ids: Sequence[int],
+                     settings: dict, progress: bool = True) -> List[Tuple[List[int], List[int]]]:
+    """(prompt ids, anchors) per prompt whose response has any: the target alone answers each
+    prompt's first turn with the seed `dblast eval` gives that turn; the anchors are the
+    response's tokens up to its stop token, which is never one (nothing is drafted after the
+    end of a response). One line per prompt in `path`; prompts already there are not rerun."""
+    done = read_done_records(path, settings, lambda r: (r["dataset"], r["prompt_id"]), read=read_lines)
+    responses = []
+    bar = progress_bar(len(prompts), desc="target responses", unit="resp", enabled=progress)
+    for prompt in prompts:
+        ids = encode_messages(tokenizer, chat_messages(prompt))
+        key = (prompt.dataset, str(prompt.prompt_id))
+        if key not in done:
+            out = decoder.generate_autoregressive(ids, sampling, max_new_tokens=max_new_tokens,
+                                                  stop_token_ids=stop_token_ids,
+                                                  seed=response_seed(seed, prompt.dataset, prompt.prompt_id, 0))
+            anchors = out.token_ids[:-1] if out.stopped_by_eos else out.token_ids
+            done[key] = {"dataset": key[0], "prompt_id": key[1], "anchors": list(anchors), "settings": settings}
+            append_record(path, done[key])
+        bar.update(1)
+        if done[key]["anchors"]:
+            responses.append((ids, done[key]["anchors"]))
+    bar.close()
+    if not responses:
+        raise ValueError("every target response stopped at once: no anchor to truncate at")
+    return responses
+
+
+def point_seed(seed: int, index: int) -> int:
+    """The seed of truncation point `index`'s M target blocks: each point has its own, so a
+    resumed run samples what an uninterrupted one would."""
+    return zlib.crc32(f"{seed}/determinism/{index}".encode())
+
+
+def determinism_points(decoder: SpeculativeDecoder, responses: Sequence[Tuple[List[int], List[int]]], path: str, *,
+                       sampling: SamplingParams, truncations: int, samples: int, seed: int, settings: dict,
+                       progress: bool = True) -> List[dict]:
+    """At each of `truncations` seeded random points of `responses` (a response, then an anchor
+    in it): the target block's early determinism from `samples` blocks (Eq 24) and the expected
+    and sampled accepted length of the drafter's first cycle there. One line per point in
+    `path`; points already there are not recomputed (the points drawn do not depend on
+    `truncations`, so a larger one extends a finished run)."""
+    done = read_done_records(path, settings, lambda r: r["index"], read=read_lines)
+    num_draft = decoder.drafter.config.block_size - 1
+    rng = random.Random(seed)
+    points = []
+    for k in range(truncations):
+        which = rng.randrange(len(responses))
+        ids, anchors = responses[which]
+        cut = rng.randrange(len(anchors))  # the anchor is anchors[cut]
+        if k in done and (done[k]["response"], done[k]["cut"]) != (which, cut):
+            raise ValueError(f"{path}: point {k} was drawn at response {done[k]['response']}, anchor {done[k]['cut']}; "
+                             f"this run draws response {which}, anchor {cut}: use another output directory")
+        if k not in done:
+            prefix = ids + anchors[: cut + 1]
+            generator = torch.Generator().manual_seed(point_seed(seed, k))
+            d = early_determinism(decoder.target, prefix, sampling, num_draft, samples, generator)
+            cycle = decoder.first_cycle(prefix, sampling, seed=seed + k)
+            done[k] = {"index": k, "response": which, "cut": cut, "determinism": d,
+                       "expected_accepted": cycle.expected_accepted, "accepted": cycle.num_accepted,
+                       "settings": settings}
+            append_record(path, done[k])
+        points.append({key: value for key, value in done[k].items() if key != "settings"})
+        if progress and (k + 1) % max(1, truncations // 10) == 0:
+            print(f"determinism: {k + 1}/{truncations} truncation points", file=sys.stderr)
+    return points

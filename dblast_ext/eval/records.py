@@ -75,11 +75,13 @@ def read_run_records(path: str, *, live: bool = False) -> List[dict]:
     return records
 
 
-def read_done_records(path: str, settings: dict, key: Callable[[dict], tuple]) -> Dict[tuple, dict]:
-    """The records a resumed run already made, by `key`; refuses a file made with other settings."""
+def read_done_records(path: str, settings: dict, key: Callable[[dict], tuple],
+                      read: Callable[[str], List[dict]] = read_records) -> Dict[tuple, dict]:
+    """The records a resumed run already made, by `key`; refuses a file made with other settings.
+    `read` reads the file (default: evaluation records; other resumable outputs pass their own)."""
     done = {}
     if os.path.isfile(path):
-        for r in read_records(path):
+        for r in read(path):
             if r.get("settings") != settings:
                 raise ValueError(f"{path} holds records made with other settings ({r.get('settings')}); "
                                  f"use another output directory or delete it (this run: {settings})")

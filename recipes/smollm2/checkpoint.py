@@ -9,7 +9,7 @@ on a 2-core CPU) survives the machine it runs on.
 line being written is left for the next save) into results/smollm2/records/, the same relative
 paths. `restore` does the reverse where the runs folder holds fewer lines, and also puts back
 the finishing files of runs collect.py already copied into results/smollm2/ (summary.json,
-calibration.json, oracle.json): eval.sh skips a run that has its finishing file, so a run
+calibration.json, oracle.json, determinism.json): eval.sh skips a run that has its finishing file, so a run
 finished on an earlier machine is not run again even where its records were not kept.
 """
 import argparse
@@ -49,7 +49,8 @@ def mirror(src_root, dst_root, verb) -> int:
 
 # the files that say a run finished: results/smollm2/<folder>/<file> -> <runs>/<where>, by the
 # folder names collect.py gives (the oracle's first: "oracle-T0.7" would also read as an arm's)
-FINISHED = [(r"oracle-T(?P<t>[0-9.]+)", [("oracle.json", "oracle/T{t}/oracle.json")]),
+FINISHED = [(r"determinism", [("determinism.json", "determinism/determinism.json")]),
+            (r"oracle-T(?P<t>[0-9.]+)", [("oracle.json", "oracle/T{t}/oracle.json")]),
             (r"(?P<arm>[\w.-]+)-T(?P<t>[0-9.]+)-speed", [("summary.json", "speed/{arm}-T{t}/summary.json")]),
             (r"(?P<arm>[\w.-]+?)-B(?P<b>[0-9]+(-V[0-9]+)?)", [("summary.json", "blocks/{arm}-B{b}/summary.json")]),
             (r"(?P<arm>[\w.-]+)-T(?P<t>[0-9.]+)", [("summary.json", "accept/{arm}-T{t}/summary.json"),
@@ -78,10 +79,10 @@ def restore_finished(results, runs) -> int:
 
 def commit(store) -> None:
     """Commits `store` alone (whatever else is staged stays staged), saying how far the runs got."""
-    responses = sum(len(complete_lines(p)) for p in glob.glob(os.path.join(store, "**", "*.jsonl"), recursive=True))
+    records = sum(len(complete_lines(p)) for p in glob.glob(os.path.join(store, "**", "*.jsonl"), recursive=True))
     git = ["git", "-C", store]
     subprocess.run(git + ["add", "."], check=True)
-    message = f"Evaluation records checkpoint ({responses} responses saved in all)"
+    message = f"Evaluation records checkpoint ({records} records saved in all)"
     result = subprocess.run(git + ["commit", "-q", "-m", message, "--", "."], capture_output=True, text=True)
     print(message if result.returncode == 0 else f"not committed: {result.stdout or result.stderr}".strip())
 

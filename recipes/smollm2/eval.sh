@@ -16,12 +16,12 @@
 #            calibrated Z_T, each with the whole vocabulary and with each draft vocabulary in VOCABS
 #            (--draft-vocab): on a CPU a target pass costs more the more tokens it verifies, and
 #            drafting costs in proportion to the vocabulary the drafter's LM head scores
-#   determinism  accepted length binned by early determinism, MT-Bench, temperature 1.0 (not
-#            resumable: about half an hour, recomputed whole)
+#   determinism  accepted length binned by early determinism, MT-Bench, temperature 1.0 (about
+#            half an hour)
 #   collect  report files (summary, report, plots; not the records) into results/smollm2/, and
 #            the results block of README.md
-# A run is skipped once it has its finishing file (summary.json; oracle.json), and every phase
-# but determinism resumes from its records. To keep progress beyond this machine, save the
+# A run is skipped once it has its finishing file (summary.json; oracle.json; determinism.json),
+# and every phase resumes from its records (determinism: its responses and points). To keep progress beyond this machine, save the
 # records into the repository now and then and commit them (eval.sh restores them first):
 #   python recipes/smollm2/checkpoint.py save --runs "$OUT" && git add results/smollm2/records
 # Developing while it runs: start it from a separate clone built in place (`python setup.py
@@ -107,6 +107,7 @@ for phase in $PHASES; do
         done
       done ;;
     determinism)
+      finished determinism "$OUT/determinism/determinism.json" && continue
       dblast diagnose determinism --drafter dblast-k4 --datasets mtbench --num-prompts 20 $(sampling 1.0) \
         --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature "$(python recipes/smollm2/chosen_zt.py "$OUT/accept/dblast-k4-T1.0")" \
         --truncations "${TRUNCATIONS:-200}" --samples 10 --out "$OUT/determinism" | tail -8 ;;
