@@ -1,6 +1,7 @@
 """recipes/smollm2/collect.py on a made-up runs folder (real `dblast eval` report files written
 from synthetic records): the issue's targets come out met, not met or pending from what the
 finished runs measured, and the tau figure is drawn."""
+import json
 import os
 import subprocess
 import sys
@@ -129,3 +130,17 @@ def test_histograms_are_linked_and_the_determinism_table_and_plot_are_shown(tmp_
     section = (out / "results.md").read_text().split("## Accepted length by target-block early determinism")[1]
     assert section.split("\n", 1)[1].strip() == "![accepted length by early determinism](determinism/determinism.png)\n\n" + table
     assert (out / "determinism" / "determinism.png").exists()
+
+
+def test_a_calibrated_zt_at_the_top_of_its_grid_says_so(tmp_path):
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    for t, best in (("0.7", 0.5), ("1.0", 1.0)):
+        folder = runs / "accept" / f"dblast-k4-T{t}"
+        write_run(folder, 1)
+        (folder / "calibration").mkdir()
+        (folder / "calibration" / "calibration.json").write_text(
+            json.dumps({"grid": [0.0, 0.5, 1.0], "scores": [0.1, 0.3, 0.2 if best == 0.5 else 0.4], "best": best}))
+    run_collect(runs, out)
+    table = (out / "results.md").read_text().split("## Acceptance")[1].split("## Per dataset")[0]
+    cells = [line.split(" | ")[2] for line in table.splitlines() if "| dblast-k4 |" in line]
+    assert cells == ["0.5", "1.0 (grid top)"]
