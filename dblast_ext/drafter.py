@@ -180,10 +180,6 @@ class DBlastDrafter(nn.Module):
         scale = self.config.input_embedding_scale
         return block_embeddings if scale == 1.0 else block_embeddings * scale
 
-    def context_features(self, hidden_states) -> torch.Tensor:
-        """concat(hidden_states[l + 1] for l in target_layer_ids): index 0 is the embedding output."""
-        return torch.cat([hidden_states[l + 1] for l in self.config.target_layer_ids], dim=-1)
-
     def forward(self, block_embeddings: torch.Tensor, context_features: torch.Tensor, cache: DrafterCache,
                 use_kernels: bool = True) -> torch.Tensor:
         """One drafting pass. Appends the new context (`context_features` [N, T, L*H], the

@@ -280,6 +280,17 @@ def test_bad_generation_arguments_fail_clearly(tmp_path, kwargs, message):
         dec.generate(**args)
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(temperature=-0.5), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=float("inf")), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_p=float("nan")), "top_p"),
+])
+def test_a_bad_filter_fails_before_any_sampling(kwargs, message):
+    # target-only sampling never reaches the kernels' checks: the filter is checked when made
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+    assert SamplingParams(temperature=0.0, top_k=20, top_p=1.5).top_p == 1.5  # >= 1: off
+
+
 def test_drafter_target_mismatch_fails_clearly(tmp_path):
     target = tiny_target("qwen3", layers=3)  # the drafter reads layers 1 and 4
     drafter = load_drafter(write_dflash_checkpoint(tmp_path / "d"))

@@ -59,6 +59,19 @@ def test_the_installed_transformers_reads_back_the_ggufs_rope_base(cache):
     assert read_back == float(field.parts[field.data[0]][0]) == 100000.0
 
 
+def test_the_end_of_sequence_is_the_ggufs_on_every_transformers_version(cache):
+    import gguf
+
+    from dblast_ext.default_target import gguf_path
+    from dblast_ext.target_loading import load_target, stop_token_ids
+
+    field = gguf.GGUFReader(gguf_path()).fields["tokenizer.ggml.eos_token_id"]
+    eos = int(field.parts[field.data[0]][0])
+    model, tokenizer = load_target(cache[0], device="cpu", progress=False)
+    assert tokenizer.eos_token_id == eos and tokenizer.eos_token == "<|im_end|>"
+    assert stop_token_ids(model, tokenizer) == [eos]
+
+
 def test_the_cached_directory_is_reused(cache):
     from dblast_ext.default_target import default_target_dir
 

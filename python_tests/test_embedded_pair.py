@@ -112,6 +112,15 @@ def test_dblast_demo_runs_within_minutes(tmp_path):
     assert "speed-up:" in out and "[4/4]" in out and "a cycle costs" in out
 
 
+@needs_smollm2
+def test_demo_with_no_drafting_cycle_says_so(tmp_path):
+    # one new token: the prefill samples it, so no cycle runs and there is no committed length to show
+    done = subprocess.run([sys.executable, "-m", "dblast_ext.cli", "demo", "--max-new-tokens", "1", "--prompts", "1"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "no drafting cycle ran" in done.stdout and "speed-up:" in done.stdout
+
+
 def test_demo_cycle_cost_line_explains_the_speedup():
     # 10 cycles of 0.1 s drafting + 0.3 s verifying against 0.1 s target-only steps: 4 steps per cycle
     line = cycle_cost_line(10, 2.0, 1.0, 3.0, 0.1)

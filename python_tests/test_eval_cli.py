@@ -90,6 +90,12 @@ def test_eval_refuses_to_mix_settings_in_one_directory(setup, capsys):
     capsys.readouterr()
     assert main(["eval", *model_args(setup, "--out", str(out), "--temperature", "0.5")]) == 2
     assert "other settings" in capsys.readouterr().err
+    # another target dtype: other timings and numerics, not pooled with the float32 records
+    assert main(["eval", *model_args(setup, "--out", str(out), "--dtype", "bfloat16")]) == 2
+    assert "'dtype': 'bfloat16'" in capsys.readouterr().err
+    # the float32 run itself resumes: its records name no dtype, as those of earlier versions
+    assert main(["eval", *model_args(setup, "--out", str(out), "--dtype", "float32")]) == 0
+    assert "dtype" not in read_records(str(out / "records.jsonl"))[0]["settings"]
 
 
 def test_eval_refuses_records_of_a_retrained_drafter(setup, capsys):

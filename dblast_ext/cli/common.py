@@ -1,5 +1,6 @@
 """Flags, checks and loading shared by the subcommands."""
 import json
+import math
 from typing import Optional
 
 import torch
@@ -66,8 +67,8 @@ def add_sampling_args(p, temperature: float = 1.0) -> None:
 
 
 def check_sampling_args(args) -> None:
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):  # NaN passes `< 0`
+        raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.max_new_tokens <= 0:

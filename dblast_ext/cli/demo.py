@@ -81,9 +81,12 @@ def run(args) -> int:
             line += f"; target alone {len(base.token_ids) / base.wall_time:.1f} tok/s, speed-up {ratio:.2f}x"
         print(line + "\n", file=out)
 
-    print(f"all prompts: {len(accepted)} cycles, committed length {committed_length(accepted):.2f} tokens per "
-          "target pass; accepted drafts per cycle:", file=out)
-    print(acceptance_histogram([accepted.count(n) for n in range(drafter.config.block_size)]), file=out)
+    if accepted:
+        print(f"all prompts: {len(accepted)} cycles, committed length {committed_length(accepted):.2f} tokens per "
+              "target pass; accepted drafts per cycle:", file=out)
+        print(acceptance_histogram([accepted.count(n) for n in range(drafter.config.block_size)]), file=out)
+    else:  # every answer ended with the token the prefill samples (e.g. --max-new-tokens 1)
+        print("all prompts: no drafting cycle ran (every answer ended at its first token)", file=out)
     print(f"speculative sampling: {rate(spec_tokens, spec_time)}", file=out)
     if not args.no_compare:
         speedup = speedup_ratio(ar_tokens, ar_time, spec_tokens, spec_time)

@@ -6,6 +6,8 @@ import json
 import os
 import sys
 
+import torch
+
 from ..drafter_io import checkpoint_digest
 from ..embedded_drafters import resolve_drafter
 from ..eval.calibration import DEFAULT_GRID, calibrate, parse_grid, split_prompts
@@ -85,6 +87,14 @@ def run_settings(args, category_temperature: float, decoder, measure_speedup: bo
                 "seed": args.seed, "measure_speedup": measure_speedup, "kernels": not args.no_kernels}
     if decoder.draft_ids is not None:  # only when set: records made before the option resume as they are
         settings["draft_vocab"] = len(decoder.draft_ids)
+    # where the target runs changes timings (and numerics): a resumed run must not pool two.
+    # Recorded where they differ from a CPU float32 run, so records made before they were (all
+    # CPU, float32) resume as they are
+    model = decoder.target.model
+    if model.dtype != torch.float32:
+        settings["dtype"] = str(model.dtype).removeprefix("torch.")
+    if decoder.target.device.type != "cpu":
+        settings["device"] = decoder.target.device.type
     return settings
 
 

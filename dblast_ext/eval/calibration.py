@@ -25,6 +25,7 @@ def split_prompts(prompts: Sequence[Prompt], fraction: float = 0.1, seed: int = 
         if len(group) < 2:
             raise ValueError(f"dataset {name} has {len(group)} prompt: calibration needs at least 2 per dataset")
         rng = random.Random(zlib.crc32(f"{seed}/{name}".encode()))
+        # Python rounds half to even: 10% of 45 prompts is 4 (not 5)
         count = min(len(group) - 1, max(1, round(fraction * len(group))))
         chosen.update((name, p.prompt_id) for p in rng.sample(group, count))
     calibration = [p for p in prompts if (p.dataset, p.prompt_id) in chosen]
@@ -51,8 +52,9 @@ def calibrate(run_at: Callable[[float], Sequence[dict]], grid: Sequence[float] =
     on ties)."""
     if not grid or any(z < 0 for z in grid):
         raise ValueError(f"the Z_T grid must be non-empty and non-negative, got {list(grid)}")
+    grid = sorted(grid)  # ascending, so that the first maximum is the smallest z
     scores = [macro_expected_accepted(run_at(z)) for z in grid]
-    best = int(np.argmax(scores))  # first maximum = smallest z among ties (grid ascending)
+    best = int(np.argmax(scores))  # the first maximum
     return {"grid": list(grid), "scores": scores, "best": grid[best]}
 
 

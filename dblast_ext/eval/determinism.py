@@ -98,10 +98,11 @@ def target_responses(decoder: SpeculativeDecoder, tokenizer, prompts: Sequence[P
     return responses
 
 
-def point_seed(seed: int, index: int) -> int:
-    """The seed of truncation point `index`'s M target blocks: each point has its own, so a
-    resumed run samples what an uninterrupted one would."""
-    return zlib.crc32(f"{seed}/determinism/{index}".encode())
+def point_seed(seed: int, index: int, stream: str) -> int:
+    """The seed of one random stream ("blocks": the M target blocks, "cycle": the drafter's
+    cycle) of truncation point `index`: each point has its own, so a resumed run samples what
+    an uninterrupted one would, and no point shares a stream with another point or run seed."""
+    return zlib.crc32(f"{seed}/determinism/{index}/{stream}".encode())
 
 
 def determinism_points(decoder: SpeculativeDecoder, responses: Sequence[Tuple[List[int], List[int]]], path: str, *,
@@ -125,9 +126,9 @@ def determinism_points(decoder: SpeculativeDecoder, responses: Sequence[Tuple[Li
                              f"this run draws response {which}, anchor {cut}: use another output directory")
         if k not in done:
             prefix = ids + anchors[: cut + 1]
-            generator = torch.Generator().manual_seed(point_seed(seed, k))
+            generator = torch.Generator().manual_seed(point_seed(seed, k, "blocks"))
             d = early_determinism(decoder.target, prefix, sampling, num_draft, samples, generator)
-            cycle = decoder.first_cycle(prefix, sampling, seed=seed + k)
+            cycle = decoder.first_cycle(prefix, sampling, seed=point_seed(seed, k, "cycle"))
             done[k] = {"index": k, "response": which, "cut": cut, "determinism": d,
                        "expected_accepted": cycle.expected_accepted, "accepted": cycle.num_accepted,
                        "settings": settings}

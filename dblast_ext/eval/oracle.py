@@ -7,7 +7,7 @@ and on rejection the residual sample is never x; so the oracle, drafting the arg
 filtered p given the committed prefix, accepts exactly when a sample from p is that argmax.
 Along a response sampled from the target alone, its cycles can therefore be read off the
 tokens that are the argmax of the distribution they were drawn from: a run of such tokens (at
-most b - 1 drafts) ends at the first other token (the correction) or after b - 1 drafts (then
+most b = B - 1 drafts) ends at the first other token (the correction) or after b drafts (then
 the next token is the bonus). Greedy decoding (T = 0) always matches: every cycle reaches the
 ceiling bin.
 """

@@ -2,7 +2,7 @@
 
 Fields: `prompt_id`, `dataset`, `turn`, `accepted` (n per cycle, 0..b: the cycle committed n + 1
 tokens, so a response's last cycle counts only the tokens it kept), `expected_accepted`
-(per cycle, sum_i prod_{j<=i} A_j), `block_size`, `eos_terminated`, `new_tokens`,
+(per cycle, sum_i prod_{j<=i} A_j over the whole draft, a cut last cycle included), `block_size`, `eos_terminated`, `new_tokens`,
 `wall_time`, `ar_wall_time` / `ar_new_tokens` when the target-only run was measured, the
 response `text`, and `settings` (the run's flags)."""
 import json

@@ -118,7 +118,7 @@ def _build(path: str, records: List[dict], target, key: dict, batch_size: int, p
             mask[n, : len(tokens)] = 1
         out = target.model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True,
                            **extra)
-        features = torch.cat([out.hidden_states[l + 1] for l in target.layer_ids], dim=-1).cpu()
+        features = target.features(out.hidden_states).cpu()
         for n, i in enumerate(chunk):
             pieces[i] = features[n, : len(records[i]["input_ids"])].clone()
         bar.update(len(chunk))

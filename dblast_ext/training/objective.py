@@ -68,7 +68,7 @@ def target_features(target: TargetAdapter, batch: Batch) -> torch.Tensor:
     """Context features [N, T, L*H] of every position (one inference-mode forward)."""
     out = target.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True,
                        **last_position_logits_arguments(target.model))
-    return torch.cat([out.hidden_states[l + 1] for l in target.layer_ids], dim=-1)
+    return target.features(out.hidden_states)
 
 
 def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, objective: str, num_anchors: int,
