@@ -232,6 +232,54 @@ def test_diagnose_determinism_resumes_to_the_points_of_an_uninterrupted_run(setu
     assert "responses.jsonl holds records made with other settings" in capsys.readouterr().err
 
 
+def test_diagnose_determinism_measures_a_baseline_on_the_same_points(setup, monkeypatch):
+    import dblast_ext.eval.determinism as determinism
+    root = setup[0]
+    other = write_dflash_checkpoint(root / "other-drafter", block_size=6, seed=1)
+    args = lambda out, *extra: ["diagnose", "determinism", *model_args(setup, "--out", str(out), "--truncations", "5",  # noqa: E731
+                                                                       "--samples", "3", *extra)]
+    # the baseline alone, as the drafter of its own run
+    alone = root / "determinism-other-alone"
+    assert main(["diagnose", "determinism", "--target", setup[1], "--drafter", other, "--datasets",
+                 f"{setup[3]['alpha']},{setup[3]['beta']}", "--max-new-tokens", "12", "--no-progress",
+                 "--out", str(alone), "--truncations", "5", "--samples", "3"]) == 0
+    expected = json.loads((alone / "determinism.json").read_text())
+    # made without a baseline, then resumed with one: only the baseline's cycles are computed
+    both = root / "determinism-with-baseline"
+    assert main(args(both, "--branches", "4")) == 0
+    drafter_points = json.loads((both / "determinism.json").read_text())["points"]
+    computed = []
+    first_cycle = determinism.SpeculativeDecoder.first_cycle
+    monkeypatch.setattr(determinism.SpeculativeDecoder, "first_cycle",
+                        lambda self, *a, **k: computed.append(self.drafter.num_branches) or first_cycle(self, *a, **k))
+    assert main(args(both, "--branches", "4", "--baseline", other)) == 0
+    assert computed == [1] * 5
+    result = json.loads((both / "determinism.json").read_text())
+    assert result["points"] == drafter_points
+    # the same prefixes and random numbers as the baseline's own run: the same cycles
+    assert [p["expected_accepted"] for p in result["baseline"]["points"]] == \
+        [p["expected_accepted"] for p in expected["points"]]
+    assert [p["determinism"] for p in result["points"]] == [p["determinism"] for p in expected["points"]]
+    assert result["baseline"]["bins"] == expected["bins"]
+    for gain, a, b in zip(result["baseline"]["gains"], result["bins"], expected["bins"]):
+        assert gain is None if not (a["mean"] and b["mean"]) else gain == pytest.approx(a["mean"] / b["mean"] - 1)
+    table = (both / "determinism.md").read_text()
+    assert "other-drafter: mean expected accepted" in table and "gain of drafter" in table
+    assert (both / "determinism.png").read_bytes().startswith(PNG)
+    # a finished run with its baseline resumes computing nothing
+    assert main(args(both, "--branches", "4", "--baseline", other)) == 0
+    assert computed == [1] * 5
+
+
+def test_diagnose_determinism_refuses_a_baseline_of_another_block_size(setup, capsys):
+    other = write_dflash_checkpoint(setup[0] / "block8-drafter", block_size=8, seed=1)
+    argv = ["diagnose", "determinism", *model_args(setup, "--out", str(setup[0] / "determinism-b8"), "--baseline", other)]
+    assert main(argv) == 2
+    assert "--baseline: its block size 8 differs from the drafter's 6" in capsys.readouterr().err
+    assert main(argv[:-1] + [str(setup[0] / "missing")]) == 2
+    assert "--baseline" in capsys.readouterr().err
+
+
 def test_diagnose_determinism_truncates_responses_before_their_stop_token(setup, monkeypatch):
     import dblast_ext.cli.diagnose as diagnose
     from dblast_ext.decoding import SpeculativeDecoder

@@ -107,17 +107,22 @@ def check_target_args(args) -> None:
     check_target_path(args.target)
 
 
+def read_checkpoint_config(path: str, flag: str) -> DrafterConfig:
+    """A drafter checkpoint's config from its config.json alone; errors name `flag`."""
+    try:
+        config_path, _ = checkpoint_files(path)
+        with open(config_path) as f:
+            return config_from_json(json.load(f))
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{flag}: {e}") from None
+    except ValueError as e:  # not JSON, or not a DFlash/DBLast config
+        raise ValueError(f"{flag}: {e}") from None
+
+
 def read_drafter_config(args) -> DrafterConfig:
     """The drafter's config as the run will use it (--branches applied), from its config.json
     alone: the checks that depend on the drafter run before any weights load."""
-    try:
-        config_path, _ = checkpoint_files(args.drafter)
-        with open(config_path) as f:
-            config = config_from_json(json.load(f))
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"--drafter: {e}") from None
-    except ValueError as e:  # not JSON, or not a DFlash/DBLast config
-        raise ValueError(f"--drafter: {e}") from None
+    config = read_checkpoint_config(args.drafter, "--drafter")
     if args.branches is not None and args.branches != config.num_branches:
         if config.num_branches != 1:
             raise ValueError(f"--branches {args.branches}: the checkpoint already has {config.num_branches} branches "
@@ -159,3 +164,16 @@ def load_decoder(args, category_temperature: float = 1.0):
     decoder = SpeculativeDecoder(target, drafter, category_temperature=category_temperature,
                                  use_kernels=not args.no_kernels, draft_vocab=getattr(args, "draft_vocab", None))
     return decoder, tokenizer
+
+
+def load_second_decoder(args, decoder: SpeculativeDecoder, path: str, category_temperature: float = 1.0):
+    """A decoder for another drafter (`path`, as its checkpoint is: --branches is the first
+    drafter's) on `decoder`'s target, with the same device, dtype, block size, kernels and draft
+    vocabulary flags: for measuring two drafters on the same prefixes."""
+    model = decoder.target.model
+    drafter = load_drafter(path, target=model).to(device=decoder.target.device, dtype=decoder.drafter.fc.weight.dtype)
+    drafter = drafter.eval()
+    if args.block_size is not None:
+        drafter.config.block_size = args.block_size
+    return SpeculativeDecoder(model, drafter, category_temperature=category_temperature,
+                              use_kernels=not args.no_kernels, draft_vocab=getattr(args, "draft_vocab", None))

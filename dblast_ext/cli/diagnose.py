@@ -18,14 +18,17 @@ import os
 import sys
 
 from ..decoding import TargetAdapter
-from ..eval.determinism import bin_by_determinism, determinism_points, target_responses
+from ..drafter_io import checkpoint_digest
+from ..eval.determinism import (baseline_points, bin_by_determinism, determinism_points, relative_gain,
+                                 target_responses)
 from ..eval.metrics import expansion_decomposition, first_draft_accepted, kept_records
 from ..eval.oracle import oracle_records
 from ..eval.records import read_run_records
 from ..eval.report import PLOTS_SKIPPED, plot_histograms, pyplot, summarize_run
 from ..target_loading import default_device, load_target, stop_token_ids
 from .common import (add_category_temperature_arg, add_model_args, add_sampling_args, add_target_args, check_args,
-                     check_sampling_args, check_target_args, load_decoder, sampling_of)
+                     check_sampling_args, check_target_args, load_decoder, load_second_decoder, read_checkpoint_config,
+                     sampling_of)
 from .display import acceptance_histogram
 from .evaluate import add_eval_args, generate_records, load_all_prompts, model_name, run_settings
 
@@ -72,6 +75,11 @@ def add_parser(subparsers) -> None:
                    help="truncation points sampled over the responses (default %(default)s)")
     d.add_argument("--samples", type=int, default=20,
                    help="M, target blocks sampled per truncation point (default %(default)s)")
+    d.add_argument("--baseline", metavar="DRAFTER",
+                   help="a second drafter (a checkpoint directory or an embedded name, e.g. dflash-k1) measured at "
+                        "the same truncation points with the same random numbers, as DBLast Figure 1 compares its "
+                        "arms: the table, plot and determinism.json show both per bin and the drafter's relative "
+                        "gain; kept as baseline_points.jsonl (resumable, and added to a run made without it)")
     o = kinds.add_parser("oracle", help="committed length of an always-the-top-token drafter (no drafter needed)",
                          description="The committed length of a drafter that always drafts the target's most "
                                      "likely token, read off the target's own responses to the first turn of "
@@ -156,9 +164,15 @@ def run_expansion(args) -> int:
 
 
 def run_determinism(args) -> int:
-    check_args(args)
+    config = check_args(args)
     if args.truncations <= 0 or args.samples <= 0:
         raise ValueError("--truncations and --samples must be > 0")
+    if args.baseline is not None and args.block_size is None:
+        # the points' determinism is over the drafter's b tokens: both arms must draft b
+        trained = read_checkpoint_config(args.baseline, "--baseline").block_size
+        if trained != config.block_size:
+            raise ValueError(f"--baseline: its block size {trained} differs from the drafter's {config.block_size} "
+                             "(pass --block-size to run both at one)")
     prompts = load_all_prompts(args)
     os.makedirs(args.out, exist_ok=True)
     decoder, tokenizer = load_decoder(args, args.category_temperature)
@@ -173,22 +187,53 @@ def run_determinism(args) -> int:
     points = determinism_points(decoder, responses, os.path.join(args.out, "points.jsonl"), sampling=sampling,
                                 truncations=args.truncations, samples=args.samples, seed=args.seed,
                                 settings=settings, progress=not args.no_progress)
-    bins = bin_by_determinism([p["determinism"] for p in points], [p["expected_accepted"] for p in points])
+    determinism = [p["determinism"] for p in points]
+    arms = [(drafter_label(args.drafter), bin_by_determinism(determinism, [p["expected_accepted"] for p in points]))]
+    result = {"settings": vars(args) | {"out": args.out}, "bins": arms[0][1], "points": points}
+    if args.baseline is not None:
+        second = load_second_decoder(args, decoder, args.baseline, args.category_temperature)
+        baseline_settings = dict(settings, drafter=model_name(args.baseline),
+                                 drafter_digest=checkpoint_digest(args.baseline), branches=second.drafter.num_branches)
+        others = baseline_points(second, responses, points, os.path.join(args.out, "baseline_points.jsonl"),
+                                 sampling=sampling, seed=args.seed, settings=baseline_settings,
+                                 progress=not args.no_progress)
+        arms.append((drafter_label(args.baseline),
+                     bin_by_determinism(determinism, [p["expected_accepted"] for p in others])))
+        result["baseline"] = {"drafter": model_name(args.baseline), "bins": arms[1][1], "points": others,
+                              "gains": [relative_gain(a["mean"], b["mean"]) for a, b in zip(arms[0][1], arms[1][1])]}
     with open(os.path.join(args.out, "determinism.json"), "w") as f:
-        json.dump({"settings": vars(args) | {"out": args.out}, "bins": bins, "points": points}, f, indent=2,
-                  default=str)
-    lines = ["| early determinism | truncation points | mean expected accepted | standard error |",
-             "| --- | ---: | ---: | ---: |"]
-    for b in bins:
-        mean = f"{b['mean']:.3f}" if b["mean"] is not None else "-"
-        sem = f"{b['sem']:.3f}" if b["sem"] is not None else "-"
-        lines.append(f"| ({b['bin'][0]:.1f}, {b['bin'][1]:.1f}] | {b['count']} | {mean} | {sem} |")
-    table = "\n".join(lines)
+        json.dump(result, f, indent=2, default=str)
+    table = determinism_table(arms)
     with open(os.path.join(args.out, "determinism.md"), "w") as f:
         f.write(table + "\n")
-    plot_determinism(os.path.join(args.out, "determinism.png"), bins)
+    plot_determinism(os.path.join(args.out, "determinism.png"), arms)
     print(table)
     return 0
+
+
+def drafter_label(path: str) -> str:
+    """A drafter's name in tables and legends: the embedded name, or its directory's."""
+    return os.path.basename(os.path.normpath(model_name(path)))
+
+
+def determinism_table(arms) -> str:
+    """Per determinism bin: the points, each arm's mean expected accepted length +- its standard
+    error, and with a baseline (the second arm) the first arm's relative gain over it."""
+    def cell(b):
+        if b["mean"] is None:
+            return "-"
+        return f"{b['mean']:.3f}" + (f" +- {b['sem']:.3f}" if b["sem"] is not None else "")
+    header = ["early determinism", "truncation points"] + [f"{name}: mean expected accepted" for name, _ in arms]
+    if len(arms) == 2:
+        header.append(f"gain of {arms[0][0]}")
+    lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
+    for k, b in enumerate(arms[0][1]):
+        row = [f"({b['bin'][0]:.1f}, {b['bin'][1]:.1f}]", str(b["count"])] + [cell(bins[k]) for _, bins in arms]
+        if len(arms) == 2:
+            gain = relative_gain(b["mean"], arms[1][1][k]["mean"])
+            row.append("-" if gain is None else f"{100 * gain:+.0f}%")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
 
 
 def run_oracle(args) -> int:
@@ -239,20 +284,32 @@ def run_oracle(args) -> int:
     return 0
 
 
-def plot_determinism(path, bins) -> None:
+def plot_determinism(path, arms) -> None:
+    """Bars of mean expected accepted length (+- one standard error) per determinism bin, one
+    bar per arm side by side; with a baseline, the first arm's relative gain above each pair."""
     try:
         plt = pyplot()
     except ImportError:
         return
-    labels = [f"({b['bin'][0]:.1f}, {b['bin'][1]:.1f}]" for b in bins]
-    means = [b["mean"] or 0.0 for b in bins]
-    errors = [b["sem"] or 0.0 for b in bins]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar(labels, means, yerr=errors, capsize=3, color="#4c72b0")
-    for i, b in enumerate(bins):
-        ax.annotate(f"n={b['count']}", (i, means[i]), ha="center", va="bottom", fontsize=8)
-    ax.set_xlabel("target-block early determinism")
+    bins = arms[0][1]
+    labels = [f"({b['bin'][0]:.1f}, {b['bin'][1]:.1f}]\nn={b['count']}" for b in bins]
+    width = 0.8 / len(arms)
+    colors = ["#4c72b0", "#dd8452"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for a, (name, arm_bins) in enumerate(arms):
+        x = [k + (a - (len(arms) - 1) / 2) * width for k in range(len(bins))]
+        ax.bar(x, [b["mean"] or 0.0 for b in arm_bins], width, yerr=[b["sem"] or 0.0 for b in arm_bins], capsize=3,
+               color=colors[a % len(colors)], label=name)
+    if len(arms) == 2:
+        for k, (b, base) in enumerate(zip(arms[0][1], arms[1][1])):
+            gain = relative_gain(b["mean"], base["mean"])
+            if gain is not None:
+                top = max(b["mean"] + (b["sem"] or 0.0), base["mean"] + (base["sem"] or 0.0))
+                ax.annotate(f"{100 * gain:+.0f}%", (k, top), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(bins)), labels, fontsize=8)
+    ax.set_xlabel("target-block early determinism (truncation points per bin)")
     ax.set_ylabel("expected accepted length")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -12,7 +12,7 @@ line of a file as soon as it is done, so a rerun into the same folder resumes.""
 import random
 import sys
 import zlib
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -105,6 +105,15 @@ def point_seed(seed: int, index: int, stream: str) -> int:
     return zlib.crc32(f"{seed}/determinism/{index}/{stream}".encode())
 
 
+def first_cycle_at(decoder: SpeculativeDecoder, prefix: Sequence[int], sampling: SamplingParams, seed: int,
+                   index: int) -> dict:
+    """The expected and sampled accepted length of `decoder`'s first cycle after `prefix`, the
+    prefix of truncation point `index`, drawn from that point's "cycle" stream (so every drafter
+    measured at a point meets the same random numbers there)."""
+    cycle = decoder.first_cycle(prefix, sampling, seed=point_seed(seed, index, "cycle"))
+    return {"expected_accepted": cycle.expected_accepted, "accepted": cycle.num_accepted}
+
+
 def determinism_points(decoder: SpeculativeDecoder, responses: Sequence[Tuple[List[int], List[int]]], path: str, *,
                        sampling: SamplingParams, truncations: int, samples: int, seed: int, settings: dict,
                        progress: bool = True) -> List[dict]:
@@ -128,12 +137,44 @@ def determinism_points(decoder: SpeculativeDecoder, responses: Sequence[Tuple[Li
             prefix = ids + anchors[: cut + 1]
             generator = torch.Generator().manual_seed(point_seed(seed, k, "blocks"))
             d = early_determinism(decoder.target, prefix, sampling, num_draft, samples, generator)
-            cycle = decoder.first_cycle(prefix, sampling, seed=point_seed(seed, k, "cycle"))
             done[k] = {"index": k, "response": which, "cut": cut, "determinism": d,
-                       "expected_accepted": cycle.expected_accepted, "accepted": cycle.num_accepted,
-                       "settings": settings}
+                       **first_cycle_at(decoder, prefix, sampling, seed, k), "settings": settings}
             append_record(path, done[k])
         points.append({key: value for key, value in done[k].items() if key != "settings"})
         if progress and (k + 1) % max(1, truncations // 10) == 0:
             print(f"determinism: {k + 1}/{truncations} truncation points", file=sys.stderr)
     return points
+
+
+def baseline_points(decoder: SpeculativeDecoder, responses: Sequence[Tuple[List[int], List[int]]],
+                    points: Sequence[dict], path: str, *, sampling: SamplingParams, seed: int, settings: dict,
+                    progress: bool = True) -> List[dict]:
+    """A second drafter (`decoder`, e.g. the K = 1 baseline) at the truncation points `points`
+    of `determinism_points`: its first cycle at each point's prefix, from the point's own cycle
+    seed, so both arms are measured on the same prefixes and their determinism bins hold the
+    same points (DBLast Figure 1 compares them bin by bin). One line per point in `path`;
+    points already there are not recomputed."""
+    done = read_done_records(path, settings, lambda r: r["index"], read=read_lines)
+    out = []
+    for n, point in enumerate(points):
+        k, which, cut = point["index"], point["response"], point["cut"]
+        if k in done and (done[k]["response"], done[k]["cut"]) != (which, cut):
+            raise ValueError(f"{path}: point {k} is at response {done[k]['response']}, anchor {done[k]['cut']}, "
+                             f"the drafter's at response {which}, anchor {cut}: use another output directory")
+        if k not in done:
+            ids, anchors = responses[which]
+            done[k] = {"index": k, "response": which, "cut": cut,
+                       **first_cycle_at(decoder, ids + anchors[: cut + 1], sampling, seed, k), "settings": settings}
+            append_record(path, done[k])
+        out.append({key: value for key, value in done[k].items() if key != "settings"})
+        if progress and (n + 1) % max(1, len(points) // 10) == 0:
+            print(f"determinism, baseline: {n + 1}/{len(points)} truncation points", file=sys.stderr)
+    return out
+
+
+def relative_gain(mean: Optional[float], baseline: Optional[float]) -> Optional[float]:
+    """(mean - baseline) / baseline, the per-bin annotation of DBLast Figure 1; None where either
+    bin is empty or the baseline accepts nothing there."""
+    if mean is None or baseline is None or baseline <= 0:
+        return None
+    return (mean - baseline) / baseline

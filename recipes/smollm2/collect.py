@@ -310,7 +310,7 @@ def main() -> None:
                 + oracle_header + "\n" + "\n".join(oracle_rows)
                 + "\n\n## Acceptance histograms (accepted drafts per cycle; the ceiling bin n = B - 1 marked)\n\n"
                 + HISTOGRAM_HEADER + "\n" + "\n".join(histogram_rows)
-                + "\n\n## Accepted length by target-block early determinism (dblast-k4, MT-Bench, T 1.0, top-p 0.95)\n\n"
+                + "\n\n## Accepted length by target-block early determinism (dblast-k4 against dflash-k1, MT-Bench, T 1.0, top-p 0.95)\n\n"
                 + determinism_section(os.path.join(args.out, "determinism")) + "\n")
     if args.readme:
         speed_prompts = sorted({d["n_prompts"] for run in speeds.values() if run for d in run["datasets"].values()})

@@ -16,8 +16,8 @@
 #            calibrated Z_T, each with the whole vocabulary and with each draft vocabulary in VOCABS
 #            (--draft-vocab): on a CPU a target pass costs more the more tokens it verifies, and
 #            drafting costs in proportion to the vocabulary the drafter's LM head scores
-#   determinism  accepted length binned by early determinism, MT-Bench, temperature 1.0 (about
-#            half an hour)
+#   determinism  accepted length binned by early determinism, MT-Bench, temperature 1.0, dblast-k4
+#            against dflash-k1 on the same truncation points (about half an hour)
 #   collect  report files (summary, report, plots; not the records) into results/smollm2/, and
 #            the results block of README.md
 # A run is skipped once it has its finishing file (summary.json; oracle.json; determinism.json),
@@ -107,8 +107,9 @@ for phase in $PHASES; do
         done
       done ;;
     determinism)
-      finished determinism "$OUT/determinism/determinism.json" && continue
-      dblast diagnose determinism --drafter dblast-k4 --datasets mtbench --num-prompts 20 $(sampling 1.0) \
+      # finished once determinism.json holds the baseline too: a run made before --baseline resumes to add it
+      grep -qs '"baseline"' "$OUT/determinism/determinism.json" && { echo "done determinism (finished before)"; continue; }
+      dblast diagnose determinism --drafter dblast-k4 --baseline dflash-k1 --datasets mtbench --num-prompts 20 $(sampling 1.0) \
         --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature "$(python recipes/smollm2/chosen_zt.py "$OUT/accept/dblast-k4-T1.0")" \
         --truncations "${TRUNCATIONS:-200}" --samples 10 --out "$OUT/determinism" | tail -8 ;;
     collect)
