@@ -19,6 +19,7 @@ from . import ops, reference
 from .drafter import DBlastDrafter, DrafterCache
 from .drafter_io import check_against_target
 from .draft_vocabulary import DraftVocab, draft_vocabulary, end_of_sequence_ids
+from .foreign_load import Stopwatch
 
 
 @dataclass
@@ -60,6 +61,7 @@ class GenerationOutput:
     stopped_by_eos: bool
     cycles: List[CycleRecord] = field(default_factory=list)
     wall_time: float = 0.0
+    foreign_load: Optional[float] = None  # cores other processes kept busy meanwhile (foreign_load.py)
 
 
 def cache_argument(model) -> str:
@@ -185,7 +187,7 @@ class SpeculativeDecoder:
         ids = prompt_tensor(input_ids, max_new_tokens, self.target.device)
         stops = set(stop_token_ids or ())
         generator = torch.Generator().manual_seed(seed)
-        start_time = time.perf_counter()
+        watch = Stopwatch()
         config, device = self.drafter.config, ids.device
         block = config.block_size
 
@@ -213,7 +215,7 @@ class SpeculativeDecoder:
                 on_tokens(generated[before:])
             anchor = generated[-1]
         stopped = bool(stops) and generated[-1] in stops
-        return GenerationOutput(generated[:max_new_tokens], stopped, cycles, time.perf_counter() - start_time)
+        return GenerationOutput(generated[:max_new_tokens], stopped, cycles, *watch.stop())
 
     def _cycle(self, anchor: int, context: torch.Tensor, target_cache, drafter_cache: DrafterCache,
                sampling: SamplingParams, generator: torch.Generator):
@@ -310,7 +312,7 @@ def sample_autoregressive(target: TargetAdapter, input_ids, sampling: Optional[S
     ids = prompt_tensor(input_ids, max_new_tokens, target.device)
     stops = set(stop_token_ids or ())
     generator = torch.Generator().manual_seed(seed)
-    start_time = time.perf_counter()
+    watch = Stopwatch()
     cache = target.new_cache()
     logits, _ = target.forward(ids, cache, hidden_states=False, last_logits_only=True)
     generated = []
@@ -323,4 +325,4 @@ def sample_autoregressive(target: TargetAdapter, input_ids, sampling: Optional[S
             break
         logits, _ = target.forward(torch.tensor([[token]], device=ids.device), cache, hidden_states=False)
     stopped = bool(stops) and generated[-1] in stops
-    return GenerationOutput(generated, stopped, [], time.perf_counter() - start_time)
+    return GenerationOutput(generated, stopped, [], *watch.stop())

@@ -93,6 +93,27 @@ def test_compare_ar_reports_a_speedup(capsys, model_dirs):
     assert out["ar_new_tokens"] == 16 and out["speedup"] > 0 and out["ar_wall_time"] > 0
 
 
+def test_compare_ar_warns_when_timed_on_busy_cores(capsys, model_dirs, monkeypatch):
+    import dblast_ext.decoding as decoding
+    target, drafter = model_dirs
+    argv = ["--target", target, "--drafter", drafter, "--prompt", PROMPT, "--max-new-tokens", "8", "--compare-ar",
+            "--no-kernels"]
+    for load, warned in ((0.0, False), (1.25, True)):
+        monkeypatch.setattr(decoding, "Stopwatch", busy_stopwatch(decoding.Stopwatch, load))
+        out = run_json(capsys, *argv)
+        assert out["foreign_load"] == load and out["ar_foreign_load"] == load
+        assert main(["generate", *argv]) == 0
+        assert ("--- warning: other processes kept up to 1.25 cores busy" in capsys.readouterr().err) == warned
+
+
+def busy_stopwatch(stopwatch, load):
+    """A Stopwatch that reports `load` cores of other processes whatever the machine does."""
+    class Busy(stopwatch):
+        def stop(self):
+            return super().stop()[0], load
+    return Busy
+
+
 @pytest.mark.parametrize("change,message", [
     ({"--target": "/nonexistent/target"}, "not a local directory"),
     ({"--drafter": "/nonexistent/drafter"}, "drafter checkpoint file missing"),

@@ -191,6 +191,26 @@ def test_diagnose_expansion_decomposes_the_change_in_mean_accepted(setup, capsys
     assert main(["diagnose", "expansion", *model_args(setup, "--out", str(out), "--block-size", "4")]) == 2
 
 
+@pytest.mark.parametrize("load,contended", [(0.0, False), (1.5, True)])
+def test_eval_says_when_a_speedup_was_timed_on_busy_cores(setup, capsys, monkeypatch, load, contended):
+    import dblast_ext.decoding as decoding
+
+    class Busy(decoding.Stopwatch):
+        def stop(self):
+            return super().stop()[0], load
+    monkeypatch.setattr(decoding, "Stopwatch", Busy)
+    out = setup[0] / f"busy-{load}"
+    run_eval(setup, out, "--measure-speedup", "--all-responses")
+    records = read_records(str(out / "records.jsonl"))
+    assert all(r["foreign_load"] == load and r["ar_foreign_load"] == load for r in records)
+    summary = json.loads((out / "summary.json").read_text())
+    for s in summary["datasets"].values():
+        assert s["contended_responses"] == (s["n_responses"] if contended else 0)
+    warned = "timed responses ran while other processes kept more than 0.25 cores busy"
+    assert (warned in capsys.readouterr().err) == contended
+    assert ("not this machine's alone" in (out / "report.md").read_text()) == contended
+
+
 def test_diagnose_determinism_bins_truncation_points(setup):
     out = setup[0] / "determinism"
     assert main(["diagnose", "determinism", *model_args(setup, "--out", str(out), "--truncations", "6",

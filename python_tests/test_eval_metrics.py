@@ -213,3 +213,13 @@ def test_a_live_read_skips_the_line_being_written(tmp_path):
     assert [r["prompt_id"] for r in read_records(str(path), live=True)] == ["p"]
     with pytest.raises(ValueError, match="line 2 is not valid JSON.*cut short"):
         read_records(str(path))  # a finished run's file: a cut line is reported
+
+
+def test_contended_responses_counts_timed_responses_on_busy_cores():
+    timed = dict(ar_wall_time=1.0, ar_new_tokens=5)
+    records = [record("A", [1, 2], foreign_load=0.9, **timed),               # speculative run contended
+               record("B", [1, 2], foreign_load=0.0, ar_foreign_load=0.4, **timed),  # target-only run contended
+               record("C", [1, 2], foreign_load=0.1, ar_foreign_load=0.1, **timed),  # quiet
+               record("D", [1, 2], **timed),                                  # load unknown (older records)
+               record("E", [1, 2], foreign_load=3.0)]                         # not timed against the target
+    assert summarize(records)["contended_responses"] == 2

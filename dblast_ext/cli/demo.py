@@ -10,6 +10,7 @@ from ..embedded_drafters import EMBEDDED_DRAFTERS
 from ..target_loading import TextStream, encode_messages, stop_token_ids
 from .common import add_draft_vocab_arg, add_runtime_args, add_sampling_args, check_args, load_decoder, sampling_of
 from ..eval.metrics import speedup_ratio
+from ..foreign_load import contention_warning
 from .display import acceptance_histogram, committed_length, rate
 
 DEMO_PROMPTS = (
@@ -56,7 +57,7 @@ def run(args) -> int:
     prompts = [encode_messages(tokenizer, [{"role": "user", "content": text}]) for text in DEMO_PROMPTS[:args.prompts]]
     decoder.warm_up(prompts[0], sampling, target_only=not args.no_compare, stop_token_ids=stops)
 
-    accepted, spec_tokens, spec_time, ar_tokens, ar_time = [], 0, 0.0, 0, 0.0
+    accepted, spec_tokens, spec_time, ar_tokens, ar_time, loads = [], 0, 0.0, 0, 0.0, []
     draft_time = verify_time = 0.0
     for i, (text, ids) in enumerate(zip(DEMO_PROMPTS, prompts)):
         print(f"[{i + 1}/{len(prompts)}] {text}", file=out)
@@ -70,6 +71,7 @@ def run(args) -> int:
         verify_time += sum(c.verify_time for c in result.cycles)
         spec_tokens += len(result.token_ids)
         spec_time += result.wall_time
+        loads.append(result.foreign_load)
         line = f"\n    -> {rate(len(result.token_ids), result.wall_time)}"
         if cycles:
             line += f", committed length {committed_length(cycles):.2f} tokens per target pass"
@@ -77,6 +79,7 @@ def run(args) -> int:
             base = decoder.generate_autoregressive(ids, **run_kwargs)
             ar_tokens += len(base.token_ids)
             ar_time += base.wall_time
+            loads.append(base.foreign_load)
             ratio = speedup_ratio(len(base.token_ids), base.wall_time, len(result.token_ids), result.wall_time)
             line += f"; target alone {len(base.token_ids) / base.wall_time:.1f} tok/s, speed-up {ratio:.2f}x"
         print(line + "\n", file=out)
@@ -94,9 +97,10 @@ def run(args) -> int:
         if accepted:
             print(cycle_cost_line(len(accepted), committed_length(accepted), draft_time, verify_time,
                                   ar_time / ar_tokens), file=out)
-        hint = cheaper_cycle_hint(decoder.target.device.type, speedup, args.draft_vocab, args.block_size)
-        if hint:
-            print(hint, file=out)
+        for note in (cheaper_cycle_hint(decoder.target.device.type, speedup, args.draft_vocab, args.block_size),
+                     contention_warning(loads)):
+            if note:
+                print(note, file=out)
     return 0
 
 

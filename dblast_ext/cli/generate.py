@@ -8,6 +8,7 @@ from ..target_loading import TextStream, encode_prompt, stop_token_ids
 from .common import (add_category_temperature_arg, add_model_args, add_sampling_args, check_args, load_decoder,
                      sampling_of)
 from ..eval.metrics import speedup_ratio
+from ..foreign_load import contention_warning
 from .display import acceptance_histogram, committed_length, rate
 
 
@@ -52,6 +53,7 @@ def run(args) -> int:
     new_tokens = len(out.token_ids)
     figures = {
         "new_tokens": new_tokens, "stopped_by_eos": out.stopped_by_eos, "wall_time": out.wall_time,
+        "foreign_load": out.foreign_load,
         "cycles": len(accepted), "accepted": accepted,
         # committed per target pass: n + 1 per cycle; the prefill's first token is not a cycle's
         "committed_length": committed_length(accepted) if accepted else None,
@@ -61,7 +63,7 @@ def run(args) -> int:
     }
     if args.compare_ar:
         base = decoder.generate_autoregressive(ids, **run_kwargs)
-        figures.update(ar_new_tokens=len(base.token_ids), ar_wall_time=base.wall_time,
+        figures.update(ar_new_tokens=len(base.token_ids), ar_wall_time=base.wall_time, ar_foreign_load=base.foreign_load,
                        speedup=speedup_ratio(len(base.token_ids), base.wall_time, new_tokens, out.wall_time))
 
     if args.json:
@@ -80,4 +82,7 @@ def run(args) -> int:
     if args.compare_ar:
         print(f"--- target alone: {rate(figures['ar_new_tokens'], figures['ar_wall_time'])}; "
               f"speed-up {figures['speedup']:.2f}x", file=err)
+        warning = contention_warning([out.foreign_load, base.foreign_load])
+        if warning:
+            print(f"--- {warning}", file=err)
     return 0

@@ -17,6 +17,8 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from ..foreign_load import CONTENTION_LIMIT, is_contended
+
 CI_LEVEL = 0.95
 
 
@@ -103,7 +105,7 @@ def summarize(records: Sequence[dict], *, eos_only: bool = True, n_boot: int = 2
         "expected_accepted": float(np.mean(expected)) if expected else None,
         "block_size": block, "n_prompts": len(keys), "n_cycles": int(len(accepted)),
         "n_responses": len(records), "n_eos_terminated": sum(bool(r["eos_terminated"]) for r in records),
-        "eos_only": eos_only, "speedup": speedup(records),
+        "eos_only": eos_only, "speedup": speedup(records), "contended_responses": contended_responses(records),
     }
     return out
 
@@ -125,6 +127,14 @@ def speedup(records: Sequence[dict]) -> Optional[float]:
         return None
     return float(speedup_ratio(sum(r["ar_new_tokens"] for r in timed), sum(r["ar_wall_time"] for r in timed),
                                sum(r["new_tokens"] for r in timed), sum(r["wall_time"] for r in timed)))
+
+
+def contended_responses(records: Sequence[dict]) -> int:
+    """How many responses had a timed run (speculative or target-only) during which other
+    processes kept more than CONTENTION_LIMIT cores busy: their timings, and the
+    speed-up pooled over them, are not the machine's alone."""
+    return sum(is_contended(r.get("foreign_load")) or is_contended(r.get("ar_foreign_load"))
+               for r in records if r.get("ar_wall_time"))
 
 
 def macro_average(summaries: Dict[str, Dict], key: str) -> Optional[float]:

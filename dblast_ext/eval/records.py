@@ -3,8 +3,9 @@
 Fields: `prompt_id`, `dataset`, `turn`, `accepted` (n per cycle, 0..b: the cycle committed n + 1
 tokens, so a response's last cycle counts only the tokens it kept), `expected_accepted`
 (per cycle, sum_i prod_{j<=i} A_j over the whole draft, a cut last cycle included), `block_size`, `eos_terminated`, `new_tokens`,
-`wall_time`, `ar_wall_time` / `ar_new_tokens` when the target-only run was measured, the
-response `text`, and `settings` (the run's flags)."""
+`wall_time`, `ar_wall_time` / `ar_new_tokens` when the target-only run was measured,
+`foreign_load` / `ar_foreign_load` (the cores other processes kept busy during each timed run,
+where the platform tells), the response `text`, and `settings` (the run's flags)."""
 import json
 import os
 from typing import Callable, Dict, List, Optional
@@ -22,8 +23,12 @@ def make_record(*, dataset: str, prompt_id: str, turn: int, output: GenerationOu
         "block_size": block_size, "eos_terminated": bool(output.stopped_by_eos),
         "new_tokens": len(output.token_ids), "wall_time": output.wall_time, "text": text, "settings": settings,
     }
+    if output.foreign_load is not None:
+        record["foreign_load"] = round(output.foreign_load, 4)
     if baseline is not None:
         record.update(ar_wall_time=baseline.wall_time, ar_new_tokens=len(baseline.token_ids))
+        if baseline.foreign_load is not None:
+            record["ar_foreign_load"] = round(baseline.foreign_load, 4)
     return record
 
 

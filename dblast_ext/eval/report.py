@@ -5,6 +5,7 @@ import json
 import os
 from typing import Dict, List, Optional, Sequence
 
+from ..foreign_load import CONTENTION_LIMIT
 from .metrics import macro_average, summarize
 
 MACRO_KEYS = ("tau", "cycle_mean", "ceiling_fraction", "expected_accepted", "speedup")
@@ -55,6 +56,11 @@ def markdown_report(summary: Dict, settings: dict, title: str = "Evaluation") ->
                  f"{_fmt(m['speedup'])}{'x' if m['speedup'] else ''} | | |")
     for name, why in summary.get("skipped", {}).items():
         lines.append(f"\n{name}: not summarised (so no macro-average): {why}")
+    for name, s in summary["datasets"].items():
+        if s["speedup"] and s.get("contended_responses"):
+            lines.append(f"\n{name}: {s['contended_responses']} of {s['n_responses']} timed responses ran while other "
+                         f"processes kept more than {CONTENTION_LIMIT} cores busy: its speed-up is not this machine's "
+                         "alone.")
     for name, s in summary["datasets"].items():
         lines += ["", f"## {name}: acceptance histogram (accepted drafts per cycle)", "",
                   f"![{name} histogram](histogram_{slug(name)}.png)", "", "| n | cycles | share |", "| ---: | ---: | ---: |"]
