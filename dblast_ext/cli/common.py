@@ -157,23 +157,23 @@ def load_decoder(args, category_temperature: float = 1.0):
     device = args.device or default_device()
     target, tokenizer = load_target(args.target, device=device, dtype=args.dtype,
                                     progress=not getattr(args, "no_progress", False))
-    drafter = load_drafter(args.drafter, target=target, num_branches=args.branches)
-    drafter = drafter.to(device=device, dtype=resolve_dtype(args.dtype, device)).eval()
-    if args.block_size is not None:
-        drafter.config.block_size = args.block_size  # the drafter pass itself takes any block length
-    decoder = SpeculativeDecoder(target, drafter, category_temperature=category_temperature,
-                                 use_kernels=not args.no_kernels, draft_vocab=getattr(args, "draft_vocab", None))
-    return decoder, tokenizer
+    return drafting_decoder(args, target, args.drafter, args.branches, category_temperature), tokenizer
 
 
 def load_second_decoder(args, decoder: SpeculativeDecoder, path: str, category_temperature: float = 1.0):
     """A decoder for another drafter (`path`, as its checkpoint is: --branches is the first
     drafter's) on `decoder`'s target, with the same device, dtype, block size, kernels and draft
     vocabulary flags: for measuring two drafters on the same prefixes."""
-    model = decoder.target.model
-    drafter = load_drafter(path, target=model).to(device=decoder.target.device, dtype=decoder.drafter.fc.weight.dtype)
-    drafter = drafter.eval()
+    return drafting_decoder(args, decoder.target.model, path, None, category_temperature)
+
+
+def drafting_decoder(args, target, path: str, num_branches: Optional[int], category_temperature: float):
+    """The drafter at `path` on the loaded `target`, on its device, in the --dtype, with the
+    --block-size, --no-kernels and --draft-vocab flags."""
+    device = next(target.parameters()).device
+    drafter = load_drafter(path, target=target, num_branches=num_branches)
+    drafter = drafter.to(device=device, dtype=resolve_dtype(args.dtype, device.type)).eval()
     if args.block_size is not None:
-        drafter.config.block_size = args.block_size
-    return SpeculativeDecoder(model, drafter, category_temperature=category_temperature,
+        drafter.config.block_size = args.block_size  # the drafter pass itself takes any block length
+    return SpeculativeDecoder(target, drafter, category_temperature=category_temperature,
                               use_kernels=not args.no_kernels, draft_vocab=getattr(args, "draft_vocab", None))

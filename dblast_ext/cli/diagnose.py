@@ -190,6 +190,7 @@ def run_determinism(args) -> int:
     determinism = [p["determinism"] for p in points]
     arms = [(drafter_label(args.drafter), bin_by_determinism(determinism, [p["expected_accepted"] for p in points]))]
     result = {"settings": vars(args) | {"out": args.out}, "bins": arms[0][1], "points": points}
+    gains = None  # the drafter's relative gain over the baseline per bin, when there is one
     if args.baseline is not None:
         second = load_second_decoder(args, decoder, args.baseline, args.category_temperature)
         baseline_settings = dict(settings, drafter=model_name(args.baseline),
@@ -199,14 +200,15 @@ def run_determinism(args) -> int:
                                  progress=not args.no_progress)
         arms.append((drafter_label(args.baseline),
                      bin_by_determinism(determinism, [p["expected_accepted"] for p in others])))
+        gains = [relative_gain(a["mean"], b["mean"]) for a, b in zip(arms[0][1], arms[1][1])]
         result["baseline"] = {"drafter": model_name(args.baseline), "bins": arms[1][1], "points": others,
-                              "gains": [relative_gain(a["mean"], b["mean"]) for a, b in zip(arms[0][1], arms[1][1])]}
+                              "gains": gains}
     with open(os.path.join(args.out, "determinism.json"), "w") as f:
         json.dump(result, f, indent=2, default=str)
-    table = determinism_table(arms)
+    table = determinism_table(arms, gains)
     with open(os.path.join(args.out, "determinism.md"), "w") as f:
         f.write(table + "\n")
-    plot_determinism(os.path.join(args.out, "determinism.png"), arms)
+    plot_determinism(os.path.join(args.out, "determinism.png"), arms, gains)
     print(table)
     return 0
 
@@ -216,22 +218,21 @@ def drafter_label(path: str) -> str:
     return os.path.basename(os.path.normpath(model_name(path)))
 
 
-def determinism_table(arms) -> str:
+def determinism_table(arms, gains=None) -> str:
     """Per determinism bin: the points, each arm's mean expected accepted length +- its standard
-    error, and with a baseline (the second arm) the first arm's relative gain over it."""
+    error, and with a baseline (the second arm) the first arm's relative gain over it (`gains`)."""
     def cell(b):
         if b["mean"] is None:
             return "-"
         return f"{b['mean']:.3f}" + (f" +- {b['sem']:.3f}" if b["sem"] is not None else "")
     header = ["early determinism", "truncation points"] + [f"{name}: mean expected accepted" for name, _ in arms]
-    if len(arms) == 2:
+    if gains is not None:
         header.append(f"gain of {arms[0][0]}")
     lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
     for k, b in enumerate(arms[0][1]):
         row = [f"({b['bin'][0]:.1f}, {b['bin'][1]:.1f}]", str(b["count"])] + [cell(bins[k]) for _, bins in arms]
-        if len(arms) == 2:
-            gain = relative_gain(b["mean"], arms[1][1][k]["mean"])
-            row.append("-" if gain is None else f"{100 * gain:+.0f}%")
+        if gains is not None:
+            row.append("-" if gains[k] is None else f"{100 * gains[k]:+.0f}%")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -284,7 +285,7 @@ def run_oracle(args) -> int:
     return 0
 
 
-def plot_determinism(path, arms) -> None:
+def plot_determinism(path, arms, gains=None) -> None:
     """Bars of mean expected accepted length (+- one standard error) per determinism bin, one
     bar per arm side by side; with a baseline, the first arm's relative gain above each pair."""
     try:
@@ -300,9 +301,8 @@ def plot_determinism(path, arms) -> None:
         x = [k + (a - (len(arms) - 1) / 2) * width for k in range(len(bins))]
         ax.bar(x, [b["mean"] or 0.0 for b in arm_bins], width, yerr=[b["sem"] or 0.0 for b in arm_bins], capsize=3,
                color=colors[a % len(colors)], label=name)
-    if len(arms) == 2:
-        for k, (b, base) in enumerate(zip(arms[0][1], arms[1][1])):
-            gain = relative_gain(b["mean"], base["mean"])
+    if gains is not None:
+        for k, (gain, b, base) in enumerate(zip(gains, arms[0][1], arms[1][1])):
             if gain is not None:
                 top = max(b["mean"] + (b["sem"] or 0.0), base["mean"] + (base["sem"] or 0.0))
                 ax.annotate(f"{100 * gain:+.0f}%", (k, top), ha="center", va="bottom", fontsize=8)

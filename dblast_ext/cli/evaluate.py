@@ -12,9 +12,8 @@ from ..drafter_io import checkpoint_digest
 from ..embedded_drafters import resolve_drafter
 from ..eval.calibration import DEFAULT_GRID, calibrate, parse_grid, split_prompts
 from ..eval.datasets import load_dataset_list
-from ..eval.report import pyplot, write_report
+from ..eval.report import contention_lines, pyplot, write_report
 from ..eval.runner import run_prompts
-from ..foreign_load import CONTENTION_LIMIT
 from ..eval.datasets import chat_messages
 from ..target_loading import encode_messages
 from .common import add_model_args, add_sampling_args, check_args, load_decoder, sampling_of
@@ -197,11 +196,8 @@ def print_summary(summary, out_dir) -> None:
     if m["tau"] is not None:
         print(f"{'macro':>12}: tau {m['tau']:.2f}, cycle mean {m['cycle_mean']:.2f}, expected accepted "
               f"{m['expected_accepted']:.2f}")
-    for name, s in summary["datasets"].items():
-        if s["speedup"] and s.get("contended_responses"):
-            print(f"warning: {name}: {s['contended_responses']} of {s['n_responses']} timed responses ran while other "
-                  f"processes kept more than {CONTENTION_LIMIT} cores busy on average: its speed-up is not this "
-                  "machine's alone (measure it again on idle cores, into another --out)", file=sys.stderr)
+    for line in contention_lines(summary):
+        print(f"warning: {line} (measure it again on idle cores, into another --out)", file=sys.stderr)
     if summary.get("plots_skipped"):
         print(summary["plots_skipped"], file=sys.stderr)
     print(f"report: {os.path.join(out_dir, 'report.md')}")

@@ -34,6 +34,14 @@ def _fmt(value, digits=2, pct=False) -> str:
     return f"{100 * value:.1f}%" if pct else f"{value:.{digits}f}"
 
 
+def contention_lines(summary: Dict) -> List[str]:
+    """One line per dataset whose speed-up pools responses timed on busy cores (summarize's
+    contended_responses)."""
+    return [f"{name}: {s['contended_responses']} of {s['n_responses']} timed responses ran while other processes "
+            f"kept more than {CONTENTION_LIMIT} cores busy on average: its speed-up is not this machine's alone"
+            for name, s in summary["datasets"].items() if s["speedup"] and s.get("contended_responses")]
+
+
 def markdown_report(summary: Dict, settings: dict, title: str = "Evaluation") -> str:
     lines = [f"# {title}", "", "Settings: " + ", ".join(f"`{k}={v}`" for k, v in settings.items()), ""]
     scope = ("the responses that ended with end-of-sequence" if summary.get("eos_only", True)
@@ -56,11 +64,7 @@ def markdown_report(summary: Dict, settings: dict, title: str = "Evaluation") ->
                  f"{_fmt(m['speedup'])}{'x' if m['speedup'] else ''} | | |")
     for name, why in summary.get("skipped", {}).items():
         lines.append(f"\n{name}: not summarised (so no macro-average): {why}")
-    for name, s in summary["datasets"].items():
-        if s["speedup"] and s.get("contended_responses"):
-            lines.append(f"\n{name}: {s['contended_responses']} of {s['n_responses']} timed responses ran while other "
-                         f"processes kept more than {CONTENTION_LIMIT} cores busy: its speed-up is not this machine's "
-                         "alone.")
+    lines += ["\n" + line + "." for line in contention_lines(summary)]
     for name, s in summary["datasets"].items():
         lines += ["", f"## {name}: acceptance histogram (accepted drafts per cycle)", "",
                   f"![{name} histogram](histogram_{slug(name)}.png)", "", "| n | cycles | share |", "| ---: | ---: | ---: |"]
