@@ -22,12 +22,12 @@ def peak_extra_bytes(fn) -> int:
         prof.export_chrome_trace(trace)
         with open(trace) as f:
             events = json.load(f)["traceEvents"]
-    memory = sorted((e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0),
-                    key=lambda e: float(e["ts"]))
+    memory = [e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0]
     if not memory:
         return 0
     # "Total Allocated" is the allocator's running count, taken under its lock, so its peak
-    # is exact whatever the timestamps' order; the level before the call is the first
-    # event's count minus that event's own bytes
-    before = memory[0]["args"]["Total Allocated"] - memory[0]["args"]["Bytes"]
+    # needs no ordering; only the level before the call does: the earliest event's count
+    # minus that event's own bytes
+    first = min(memory, key=lambda e: float(e["ts"]))
+    before = first["args"]["Total Allocated"] - first["args"]["Bytes"]
     return max(0, max(e["args"]["Total Allocated"] for e in memory) - before)
