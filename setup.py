@@ -2,9 +2,10 @@
 
 Install torch first, then `pip install --no-build-isolation .`. CUDA kernels are compiled
 when FORCE_CUDA=1 or a GPU is visible, for TORCH_CUDA_ARCH_LIST (default "9.0" when
-forced). MAX_JOBS bounds ninja's parallelism.
+forced). MAX_JOBS bounds ninja's parallelism. The sources and the compile/link flags come from
+csrc/build.json, which CMakeLists.txt reads too (docs/development.md).
 """
-import glob
+import json
 import os
 
 from setuptools import find_packages, setup
@@ -19,6 +20,7 @@ except ImportError as exc:  # torch is deliberately not a build requirement
     ) from exc
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+BUILD_JSON = os.path.join("csrc", "build.json")
 
 
 def want_cuda() -> bool:
@@ -36,39 +38,45 @@ def want_cuda() -> bool:
     return torch.version.cuda is not None and CUDA_HOME is not None and torch.cuda.is_available()
 
 
+def build_description() -> dict:
+    """csrc/build.json: the sources and flags this build shares with CMakeLists.txt."""
+    with open(os.path.join(ROOT, BUILD_JSON)) as f:
+        return json.load(f)
+
+
+def extension_arguments(with_cuda: bool) -> dict:
+    """The Extension's sources, include directories and compile/link flags, all from csrc/build.json."""
+    build = build_description()
+    sources = build["sources"]["library"] + build["sources"]["python"]  # python: this extension's PyInit
+    compile_args = {"cxx": list(build["flags"]["cxx"])}
+    if with_cuda:
+        sources += build["sources"]["cuda"]
+        compile_args["nvcc"] = list(build["flags"]["nvcc"])
+    return {
+        "sources": sources,  # relative to the repository root, as setuptools wants them
+        "include_dirs": [os.path.join(ROOT, d) for d in build["include_dirs"]],
+        "extra_compile_args": compile_args,
+        "extra_link_args": list(build["flags"]["link"]),
+    }
+
+
 def extension():
     with_cuda = want_cuda()
-    # csrc/checks: the argument checks, compiled by the C++ compiler only (also for the CUDA bindings)
-    sources = ["csrc/ops.cpp", "csrc/python_module.cpp"] + sorted(glob.glob("csrc/checks/*.cpp"))
-    sources += sorted(glob.glob("csrc/cpu/*.cpp"))
     archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "") if with_cuda else ""
     macros = [
         ("DBLAST_TORCH_VERSION", f'"{torch.__version__}"'),
         ("DBLAST_CUDA_ARCHS", f'"{archs}"'),
     ]  # Py_LIMITED_API comes from torch's BuildExtension (py_limited_api=True)
-    # -fopenmp: at::parallel_for is a header template; without it the loops run serially.
-    # -fno-trapping-math: lets gcc vectorise loops with float->int conversions (the fast exp);
-    # nothing here relies on floating-point exceptions.
-    cxx = ["-O3", "-std=c++20", "-fopenmp", "-fno-trapping-math", "-fdiagnostics-color=always"]
-    link = ["-fopenmp"]
-    include_dirs = [os.path.join(ROOT, "csrc", "include")]
-    if not with_cuda:
-        return CppExtension(
-            "dblast_ext._C", sources, include_dirs=include_dirs, define_macros=macros,
-            extra_compile_args={"cxx": cxx}, extra_link_args=link, py_limited_api=True,
-        )
-    sources += sorted(glob.glob("csrc/cuda/*.cu"))
-    macros.append(("DBLAST_WITH_CUDA", "1"))
-    nvcc = ["-O3", "-std=c++20", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr"]
-    return CUDAExtension(
-        "dblast_ext._C", sources, include_dirs=include_dirs, define_macros=macros,
-        extra_compile_args={"cxx": cxx, "nvcc": nvcc}, extra_link_args=link, py_limited_api=True,
+    if with_cuda:
+        macros.append(("DBLAST_WITH_CUDA", "1"))
+    kind = CUDAExtension if with_cuda else CppExtension
+    return kind("dblast_ext._C", define_macros=macros, py_limited_api=True, **extension_arguments(with_cuda))
+
+
+if __name__ == "__main__":  # also under pip: setuptools runs this file as __main__; tests import it
+    setup(
+        packages=find_packages(include=["dblast_ext", "dblast_ext.*"]),
+        ext_modules=[extension()],
+        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+        options={"bdist_wheel": {"py_limited_api": "cp310"}},
     )
-
-
-setup(
-    packages=find_packages(include=["dblast_ext", "dblast_ext.*"]),
-    ext_modules=[extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    options={"bdist_wheel": {"py_limited_api": "cp310"}},
-)

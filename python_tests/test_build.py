@@ -1,5 +1,10 @@
-"""The build: build_info, the torch-version guard, and the CMake library."""
+"""The build: build_info, the torch-version guard, one build description for setup.py and
+CMake (csrc/build.json), and the CMake library."""
+import ast
+import importlib.util
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +16,7 @@ import torch
 import dblast_ext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD_JSON = os.path.join(ROOT, "csrc", "build.json")
 # every op the library registers (build_info is a plain query with no fake)
 OPS = sorted(name.split("::")[1] for name in torch._C._dispatch_get_all_op_names()
              if name.startswith("dblast::") and name != "dblast::build_info")
@@ -52,12 +58,113 @@ def test_import_against_another_torch_says_how_to_rebuild():
     assert "built against torch" in out and "pip install --no-build-isolation" in out
 
 
+def build_description():
+    with open(BUILD_JSON) as f:
+        return json.load(f)
+
+
+def all_flags(build):
+    return [flag for flags in build["flags"].values() for flag in flags]
+
+
+def load_setup_py():
+    """setup.py as a module: its setup() call only runs as __main__."""
+    spec = importlib.util.spec_from_file_location("dblast_setup_py", os.path.join(ROOT, "setup.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_build_json_lists_every_source_once():
+    build = build_description()
+    listed = [path for group in build["sources"].values() for path in group]
+    assert len(listed) == len(set(listed)), "a source is listed twice"
+    on_disk = sorted(
+        os.path.relpath(os.path.join(folder, name), ROOT).replace(os.sep, "/")
+        for folder, _, names in os.walk(os.path.join(ROOT, "csrc"))
+        for name in names if name.endswith((".cpp", ".cu"))
+    )
+    assert sorted(listed) == on_disk, "csrc/build.json's sources differ from csrc/**/*.cpp|*.cu: list new files there"
+    assert all(path.endswith(".cu") for path in build["sources"]["cuda"])
+    assert not any(path.endswith(".cu") for path in build["sources"]["library"] + build["sources"]["python"])
+    for path in build["include_dirs"]:
+        assert os.path.isdir(os.path.join(ROOT, path)), path
+    # sources.python is exactly the Python module's entry point, which the CMake library leaves out
+    def text(path):
+        with open(os.path.join(ROOT, path)) as f:
+            return f.read()
+    with_pyinit = [path for path in listed if "PyInit_" in text(path)]
+    assert with_pyinit == build["sources"]["python"]
+
+
+def test_setup_py_takes_sources_and_flags_from_build_json(monkeypatch):
+    monkeypatch.delenv("FORCE_CUDA", raising=False)  # extension() below builds what this machine would
+    build = build_description()
+    setup_py = load_setup_py()
+    cpu = setup_py.extension_arguments(with_cuda=False)
+    assert cpu["sources"] == build["sources"]["library"] + build["sources"]["python"]
+    assert cpu["extra_compile_args"] == {"cxx": build["flags"]["cxx"]}
+    assert cpu["extra_link_args"] == build["flags"]["link"]
+    assert cpu["include_dirs"] == [os.path.join(ROOT, d) for d in build["include_dirs"]]
+    cuda = setup_py.extension_arguments(with_cuda=True)
+    assert cuda["sources"] == cpu["sources"] + build["sources"]["cuda"]
+    assert cuda["extra_compile_args"] == {"cxx": build["flags"]["cxx"], "nvcc": build["flags"]["nvcc"]}
+    # the Extension setup() gets is made from them (here: whichever kind this machine builds)
+    ext = setup_py.extension()
+    expected = setup_py.extension_arguments(with_cuda=dict(ext.define_macros).get("DBLAST_WITH_CUDA") == "1")
+    assert ext.sources == expected["sources"]
+    assert ext.extra_link_args == expected["extra_link_args"]
+    for flag in expected["extra_compile_args"]["cxx"]:
+        assert flag in ext.extra_compile_args["cxx"]
+    # and setup.py spells out no source or flag of its own
+    with open(os.path.join(ROOT, "setup.py")) as f:
+        literals = {node.value for node in ast.walk(ast.parse(f.read()))
+                    if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert not literals & set(all_flags(build))
+    assert not [s for s in literals if re.search(r"\.(cpp|cu)\b", s)]
+
+
+def test_cmake_takes_sources_and_flags_from_build_json():
+    build = build_description()
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        code = re.sub(r"#.*", "", f.read())  # without its comments
+    assert "csrc/build.json" in code and "string(JSON" in code
+    assert "GLOB" not in code and not re.search(r"\.(cpp|cu)\b", code), "CMakeLists.txt names sources itself"
+    assert not [flag for flag in all_flags(build) if flag in code], "CMakeLists.txt spells out flags itself"
+    assert "CMAKE_CXX_STANDARD" not in code and "CMAKE_CUDA_STANDARD" not in code, "the -std flag is build.json's"
+    for global_flags in ("add_compile_options", "add_link_options", "CMAKE_CXX_FLAGS", "CMAKE_CUDA_FLAGS"):
+        assert global_flags not in code, f"CMakeLists.txt sets {global_flags}: flags belong in csrc/build.json"
+    options = re.findall(r"target_(?:compile|link)_options\(([^)]*)\)", code)
+    assert options, "CMakeLists.txt passes build.json's flags to no target"
+    for args in options:  # only build.json's lists (in generator expressions), no flag of its own
+        assert not re.search(r"(^|[\s\"])-", re.sub(r"\$\{DBLAST_\w+_FLAGS\}", "", args)), args
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake not installed: what CMakeLists.txt reads from csrc/build.json is unchecked")
+    # `cmake -P CMakeLists.txt` prints the lists it read (milliseconds: nothing is configured)
+    out = subprocess.run(["cmake", "-P", os.path.join(ROOT, "CMakeLists.txt")], capture_output=True, text=True,
+                         check=True, cwd="/").stdout
+    read = dict(re.findall(r"^-- DBLAST_(\w+)=(.*)$", out, flags=re.M))
+
+    def absolute(paths):
+        return ";".join(os.path.join(ROOT, p) for p in paths)
+    assert read == {
+        "SOURCES": absolute(build["sources"]["library"]),  # without sources.python
+        "CUDA_SOURCE_LIST": absolute(build["sources"]["cuda"]),
+        "INCLUDE_DIRS": absolute(build["include_dirs"]),
+        "CXX_FLAGS": ";".join(build["flags"]["cxx"]),
+        "NVCC_FLAGS": ";".join(build["flags"]["nvcc"]),
+        "LINK_FLAGS": ";".join(build["flags"]["link"]),
+    }
+
+
+@pytest.mark.slow  # compiles the whole op library again (minutes)
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake not installed")
 def test_cmake_library_loads_and_matches_the_package(tmp_path):
     build = tmp_path / "build"
     # CPU kernels only: the CUDA build is checked by .ci/run and bench/device_check.sh
     configure = ["cmake", "-S", ROOT, "-B", str(build), f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
-                 f"-DPython3_EXECUTABLE={sys.executable}", "-DDBLAST_WITH_CUDA=OFF"]
+                 f"-DPython3_EXECUTABLE={sys.executable}", "-DDBLAST_WITH_CUDA=OFF",
+                 "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"]
     env = dict(os.environ)
     if torch.version.cuda is not None:  # torch's own CMake config then needs the toolkit, even for CPU code
         from torch.utils.cpp_extension import CUDA_HOME
@@ -69,6 +176,17 @@ def test_cmake_library_loads_and_matches_the_package(tmp_path):
         pytest.skip("torch's CMake config (a CUDA build) could not use this machine's CUDA toolkit: "
                     + " ".join((proc.stdout + proc.stderr).split()[-40:]))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the compile commands: csrc/build.json's library sources, each with its C++ flags in order
+    # and no other language standard
+    build_json = build_description()
+    with open(build / "compile_commands.json") as f:
+        commands = {os.path.realpath(c["file"]): c["command"].split() for c in json.load(f)}
+    assert sorted(commands) == sorted(os.path.realpath(os.path.join(ROOT, p)) for p in build_json["sources"]["library"])
+    cxx = build_json["flags"]["cxx"]
+    for command in commands.values():
+        at = [i for i in range(len(command) - len(cxx) + 1) if command[i:i + len(cxx)] == cxx]
+        assert at, (cxx, command)
+        assert [a for a in command if a.startswith("-std=")] == [f for f in cxx if f.startswith("-std=")]
     subprocess.run(["cmake", "--build", str(build), "-j", os.environ.get("MAX_JOBS", "2")], check=True,
                    capture_output=True)
     library = build / "libdblast_ops.so"

