@@ -1,19 +1,22 @@
 """Python entry points of the dblast ops (thin wrappers over torch.ops.dblast.*).
 
 Each op has a fake (meta) implementation registered here, so that
-torch.library.opcheck passes and torch.compile(fullgraph=True) can trace it.
+torch.library.opcheck passes and torch.compile(fullgraph=True) can trace it; the fakes check
+the arguments' ranks, shapes, dtypes and devices as the C++ bindings do, so tracing bad input
+fails with the kernels' ValueError naming the argument. The user-facing contract of every op
+is docs/ops.md.
 Randomness comes from caller-supplied uniforms (when none are given, they are drawn from
 `generator` on the logits' device); given the same uniforms, CPU and CUDA decide alike (a
 uniform within rounding, ~1e-6, of an acceptance probability may go either way).
 """
+import math
 from typing import Optional, Tuple
 
 import torch
 
 from .results import BranchArgmax, VerifyResult, draw_uniforms
 
-__all__ = ["branch_verify", "mixture_verify", "sample_mixture_draft", "branch_argmax", "drafter_attention",
-           "VerifyResult", "BranchArgmax"]
+__all__ = ["branch_verify", "mixture_verify", "branch_argmax", "drafter_attention", "VerifyResult", "BranchArgmax"]
 
 
 def branch_verify(target_logits: torch.Tensor, branch_tokens: torch.Tensor, branch_prior: torch.Tensor,
@@ -56,7 +59,8 @@ def mixture_verify(target_logits: torch.Tensor, draft_logits: torch.Tensor, bran
         target_logits: [N, b+1, V] float32/bfloat16/float16 target logits on the draft.
         draft_logits: [N, K, b, V] branch logits; q_i(. | z) = softmax(draft_logits[:, z, i] / draft_temperature).
         branch_prior: [N, K] float32 category distribution.
-        draft_tokens: [N, b] int64, sampled from the mixture (see sample_mixture_draft).
+        draft_tokens: [N, b] int64, sampled from the mixture (see
+            dblast_ext.reference.sample_mixture_draft).
         uniforms, temperature, top_k, top_p, generator, validate: as in branch_verify.
 
     With K = 1 this is standard speculative sampling.
@@ -65,17 +69,6 @@ def mixture_verify(target_logits: torch.Tensor, draft_logits: torch.Tensor, bran
     return VerifyResult(*torch.ops.dblast.mixture_verify(
         target_logits, draft_logits, branch_prior, draft_tokens, uniforms,
         float(temperature), int(top_k), float(top_p), float(draft_temperature), bool(validate)))
-
-
-def sample_mixture_draft(draft_logits: torch.Tensor, branch_prior: torch.Tensor, *, draft_temperature: float = 1.0,
-                         generator: Optional[torch.Generator] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Draws a block from the soft mixture: z ~ prior, then every position from branch z.
-
-    Returns (draft_tokens [N, b] int64, branch [N] int64).
-    """
-    from .reference import sample_mixture_draft as _sample  # plain PyTorch: no kernel needed
-
-    return _sample(draft_logits, branch_prior, draft_temperature=draft_temperature, generator=generator)
 
 
 def branch_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor, expander_weight: Optional[torch.Tensor] = None,
@@ -127,7 +120,81 @@ def drafter_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                                               bool(causal))
 
 
-def _verify_fake(target_logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+# --- fake (meta) implementations ----------------------------------------------------------------
+#
+# What torch.compile and FakeTensorMode run instead of the kernels: output shapes and dtypes
+# from the inputs' metadata, after the same argument checks as the C++ bindings
+# (csrc/checks/*.cpp), with the same ValueError naming the offending argument
+# (torch._check_value is TORCH_CHECK_VALUE's Python twin; on symbolic sizes it adds a guard or
+# a runtime assert instead of failing). The value checks (`validate`, context_lens in range)
+# read data and so run in the kernels only.
+
+_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_MAX_BRANCHES = 64  # kMaxBranches, csrc/include/dblast/common.h
+_CUDA_HEAD_DIMS = (16, 32, 64, 96, 128, 256)  # kCudaHeadDims, csrc/include/dblast/attention_checks.h
+_CUDA_MAX_ROW_HEAD_PAIRS = 65535  # one grid dimension of the CUDA attention launch
+
+
+def _sizes(t: torch.Tensor) -> list:
+    return list(t.shape)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _check_same_device(t: torch.Tensor, ref: torch.Tensor, name: str, ref_name: str) -> None:
+    torch._check_value(t.device == ref.device,
+                       lambda: f"{name} must be on {ref.device} like {ref_name}, got {t.device}")
+
+
+def _check_logits_dtype(t: torch.Tensor, name: str) -> None:
+    torch._check_value(t.dtype in _LOGIT_DTYPES,
+                       lambda: f"{name} must be float32, bfloat16 or float16, got {_dtype_name(t.dtype)}")
+
+
+def _check_finite(value: float, condition: bool, message: str) -> None:
+    # scalars reach a fake kernel as Python numbers (torch.compile specialises them)
+    torch._check_value(math.isfinite(value) and condition, lambda: message)
+
+
+def _check_target_logits(target_logits: torch.Tensor) -> None:
+    _check_logits_dtype(target_logits, "target_logits")
+    torch._check_value(target_logits.dim() == 3,
+                       lambda: f"target_logits must be [N, b+1, V], got {_sizes(target_logits)}")
+    torch._check_value(target_logits.size(1) >= 2,
+                       lambda: "target_logits must cover at least one draft and the bonus position (b+1 >= 2), "
+                               f"got {target_logits.size(1)}")
+    torch._check_value(target_logits.size(2) >= 1,
+                       lambda: f"target_logits must have a vocabulary of at least 1, got {target_logits.size(2)}")
+
+
+def _check_prior(prior: torch.Tensor, rows, num_branches, target_logits: torch.Tensor) -> None:
+    _check_same_device(prior, target_logits, "branch_prior", "target_logits")
+    torch._check_value(prior.dtype == torch.float32,
+                       lambda: f"branch_prior must be float32, got {_dtype_name(prior.dtype)}")
+    torch._check_value(prior.dim() == 2 and prior.size(0) == rows and prior.size(1) == num_branches,
+                       lambda: f"branch_prior must have shape [{rows}, {num_branches}] (K from the branch tensor), "
+                               f"got {_sizes(prior)}")
+    torch._check_value(1 <= num_branches and num_branches <= _MAX_BRANCHES,
+                       lambda: f"the number of branches K must be in [1, {_MAX_BRANCHES}], got {num_branches}")
+
+
+def _check_uniforms(uniforms: torch.Tensor, rows, num_draft, target_logits: torch.Tensor) -> None:
+    _check_same_device(uniforms, target_logits, "uniforms", "target_logits")
+    torch._check_value(uniforms.dtype in (torch.float32, torch.float64),
+                       lambda: f"uniforms must be float32 or float64, got {_dtype_name(uniforms.dtype)}")
+    torch._check_value(uniforms.dim() == 2 and uniforms.size(0) == rows and uniforms.size(1) == num_draft + 1,
+                       lambda: f"uniforms must have shape [{rows}, {num_draft + 1}], got {_sizes(uniforms)}")
+
+
+def _check_filter(temperature: float, top_p: float) -> None:
+    _check_finite(temperature, temperature >= 0.0, f"temperature must be finite and >= 0, got {temperature}")
+    _check_finite(top_p, top_p > 0.0, f"top_p must be in (0, 1], got {top_p}")
+    # top_k: any value (<= 0 or >= V disables the filter)
+
+
+def _verify_outputs(target_logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, positions = target_logits.shape[0], target_logits.shape[1]
     return (target_logits.new_empty((rows,), dtype=torch.int32),
             target_logits.new_empty((rows, positions), dtype=torch.int64),
@@ -137,19 +204,80 @@ def _verify_fake(target_logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tenso
 @torch.library.register_fake("dblast::branch_verify")
 def _branch_verify_fake(target_logits, branch_tokens, branch_prior, branch, uniforms, temperature, top_k, top_p,
                         validate):
-    return _verify_fake(target_logits)
+    _check_target_logits(target_logits)
+    rows, num_draft = target_logits.size(0), target_logits.size(1) - 1
+    _check_same_device(branch_tokens, target_logits, "branch_tokens", "target_logits")
+    torch._check_value(branch_tokens.dtype == torch.int64,
+                       lambda: f"branch_tokens must be int64, got {_dtype_name(branch_tokens.dtype)}")
+    torch._check_value(branch_tokens.dim() == 3 and branch_tokens.size(0) == rows
+                       and branch_tokens.size(2) == num_draft,
+                       lambda: f"branch_tokens must have shape [{rows}, K, {num_draft}], got {_sizes(branch_tokens)}")
+    _check_prior(branch_prior, rows, branch_tokens.size(1), target_logits)
+    _check_same_device(branch, target_logits, "branch", "target_logits")
+    torch._check_value(branch.dtype == torch.int64, lambda: f"branch must be int64, got {_dtype_name(branch.dtype)}")
+    torch._check_value(branch.dim() == 1 and branch.size(0) == rows,
+                       lambda: f"branch must have shape [{rows}], got {_sizes(branch)}")
+    _check_uniforms(uniforms, rows, num_draft, target_logits)
+    _check_filter(temperature, top_p)
+    return _verify_outputs(target_logits)
 
 
 @torch.library.register_fake("dblast::mixture_verify")
 def _mixture_verify_fake(target_logits, draft_logits, branch_prior, draft_tokens, uniforms, temperature, top_k,
                          top_p, draft_temperature, validate):
-    return _verify_fake(target_logits)
+    _check_target_logits(target_logits)
+    rows, num_draft, vocab = target_logits.size(0), target_logits.size(1) - 1, target_logits.size(2)
+    _check_same_device(draft_logits, target_logits, "draft_logits", "target_logits")
+    _check_logits_dtype(draft_logits, "draft_logits")
+    torch._check_value(draft_logits.dim() == 4 and draft_logits.size(0) == rows and draft_logits.size(2) == num_draft
+                       and draft_logits.size(3) == vocab,
+                       lambda: f"draft_logits must have shape [{rows}, K, {num_draft}, {vocab}], "
+                               f"got {_sizes(draft_logits)}")
+    _check_prior(branch_prior, rows, draft_logits.size(1), target_logits)
+    _check_same_device(draft_tokens, target_logits, "draft_tokens", "target_logits")
+    torch._check_value(draft_tokens.dtype == torch.int64,
+                       lambda: f"draft_tokens must be int64, got {_dtype_name(draft_tokens.dtype)}")
+    torch._check_value(draft_tokens.dim() == 2 and draft_tokens.size(0) == rows and draft_tokens.size(1) == num_draft,
+                       lambda: f"draft_tokens must have shape [{rows}, {num_draft}], got {_sizes(draft_tokens)}")
+    _check_uniforms(uniforms, rows, num_draft, target_logits)
+    _check_filter(temperature, top_p)
+    _check_finite(draft_temperature, draft_temperature > 0.0,
+                  f"draft_temperature must be finite and > 0, got {draft_temperature}")
+    return _verify_outputs(target_logits)
 
 
 @torch.library.register_fake("dblast::branch_argmax")
 def _branch_argmax_fake(hidden, lm_head_weight, expander_weight, expander_bias, vocab_size, tile_bytes):
-    rows, width = hidden.shape
-    branches = 1 if expander_weight is None else expander_weight.shape[0] // width
+    torch._check_value(hidden.dim() == 2, lambda: f"hidden must be [N, H], got {_sizes(hidden)}")
+    _check_logits_dtype(hidden, "hidden")
+    rows, width = hidden.size(0), hidden.size(1)
+    torch._check_value(width >= 1, lambda: f"hidden must have H >= 1, got {_sizes(hidden)}")
+    torch._check_value(lm_head_weight.dim() == 2 and lm_head_weight.size(1) == width,
+                       lambda: f"lm_head_weight must be [V, {width}] (H from hidden), got {_sizes(lm_head_weight)}")
+    torch._check_value(lm_head_weight.dtype == hidden.dtype,
+                       lambda: f"lm_head_weight must have hidden's dtype {_dtype_name(hidden.dtype)}, "
+                               f"got {_dtype_name(lm_head_weight.dtype)}")
+    _check_same_device(lm_head_weight, hidden, "lm_head_weight", "hidden")
+    torch._check_value(1 <= vocab_size and vocab_size <= lm_head_weight.size(0),
+                       lambda: f"vocab_size must be in [1, {lm_head_weight.size(0)}] (the LM head's rows), "
+                               f"got {vocab_size}")
+    torch._check_value((expander_weight is None) == (expander_bias is None),
+                       lambda: "expander_weight and expander_bias must be given together")
+    branches = 1
+    if expander_weight is not None:
+        torch._check_value(expander_weight.dim() == 2 and expander_weight.size(1) == width,
+                           lambda: f"expander_weight must be [K*H, {width}], got {_sizes(expander_weight)}")
+        outputs = expander_weight.size(0)
+        torch._check_value(outputs % width == 0 and outputs >= width,
+                           lambda: f"expander_weight rows must be a multiple K*H of H = {width}, got {outputs}")
+        torch._check_value(expander_bias.dim() == 1 and expander_bias.size(0) == outputs,
+                           lambda: f"expander_bias must be [{outputs}], got {_sizes(expander_bias)}")
+        for t, name in ((expander_weight, "expander_weight"), (expander_bias, "expander_bias")):
+            torch._check_value(t.dtype == hidden.dtype,
+                               lambda: f"{name} must have hidden's dtype {_dtype_name(hidden.dtype)}, "
+                                       f"got {_dtype_name(t.dtype)}")
+            _check_same_device(t, hidden, name, "hidden")
+        branches = outputs // width
     return (hidden.new_empty((rows, branches), dtype=torch.int64),
             hidden.new_empty((rows, branches), dtype=torch.float32),
             hidden.new_empty((rows, branches), dtype=torch.float32))
@@ -157,4 +285,38 @@ def _branch_argmax_fake(hidden, lm_head_weight, expander_weight, expander_bias, 
 
 @torch.library.register_fake("dblast::drafter_attention")
 def _drafter_attention_fake(q, k_cache, v_cache, k_block, v_block, context_lens, scale, window, causal):
+    torch._check_value(q.dim() == 4, lambda: f"q must be [N, Hq, B, D], got {_sizes(q)}")
+    _check_logits_dtype(q, "q")
+    rows, heads, block, dim = q.size(0), q.size(1), q.size(2), q.size(3)
+    torch._check_value(block >= 1 and dim >= 1, lambda: f"q must have B >= 1 and D >= 1, got {_sizes(q)}")
+    torch._check_value(k_cache.dim() == 4 and k_cache.size(0) == rows and k_cache.size(3) == dim,
+                       lambda: f"k_cache must be [{rows}, Hkv, L_max, {dim}], got {_sizes(k_cache)}")
+    kv_heads = k_cache.size(1)
+    torch._check_value(kv_heads >= 1 and heads % kv_heads == 0,
+                       lambda: f"q's heads ({heads}) must be a multiple of k_cache's heads ({kv_heads})")
+    torch._check_value(v_cache.shape == k_cache.shape,
+                       lambda: f"v_cache must have k_cache's shape {_sizes(k_cache)}, got {_sizes(v_cache)}")
+    block_shape = [rows, kv_heads, block, dim]
+    for t, name in ((k_block, "k_block"), (v_block, "v_block")):
+        torch._check_value(t.dim() == 4 and _sizes(t) == block_shape,
+                           lambda: f"{name} must be {block_shape}, got {_sizes(t)}")
+    for t, name in ((k_cache, "k_cache"), (v_cache, "v_cache"), (k_block, "k_block"), (v_block, "v_block")):
+        torch._check_value(t.dtype == q.dtype,
+                           lambda: f"{name} must have q's dtype {_dtype_name(q.dtype)}, got {_dtype_name(t.dtype)}")
+        torch._check_value(t.device == q.device, lambda: f"{name} must be on {q.device} like q, got {t.device}")
+    torch._check_value(context_lens.dim() == 1 and context_lens.size(0) == rows,
+                       lambda: f"context_lens must be [{rows}], got {_sizes(context_lens)}")
+    torch._check_value(context_lens.dtype == torch.int32,
+                       lambda: f"context_lens must be int32, got {_dtype_name(context_lens.dtype)}")
+    torch._check_value(context_lens.device == q.device,
+                       lambda: f"context_lens must be on {q.device}, got {context_lens.device}")
+    _check_finite(scale, scale > 0, f"scale must be finite and > 0, got {scale}")
+    torch._check_value(window == -1 or window > 0, lambda: f"window must be -1 (off) or > 0, got {window}")
+    if q.device.type == "cuda":  # the CUDA binding's launch limits (csrc/checks/attention_checks.cpp)
+        torch._check_value(dim in _CUDA_HEAD_DIMS,
+                           lambda: f"q's head dim D must be one of {', '.join(map(str, _CUDA_HEAD_DIMS))} on CUDA, "
+                                   f"got {dim}")
+        torch._check_value(rows * kv_heads <= _CUDA_MAX_ROW_HEAD_PAIRS,
+                           lambda: f"q's N ({rows}) x k_cache's KV heads ({kv_heads}) = {rows * kv_heads} exceeds "
+                                   f"the 65,535 one CUDA launch takes; split the batch")
     return q.new_empty(q.shape)  # contiguous, like both kernels' output (q itself may be strided)

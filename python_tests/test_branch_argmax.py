@@ -57,12 +57,16 @@ def test_matches_reference_across_branches_and_dtypes(device, branches, dtype):
 
 
 # Each width and vocabulary appears with several row counts; the largest products keep
-# N * K small so that the float64 reference stays quick on two cores.
+# N * K small so that the float64 reference stays quick on two cores. The LM heads of 50M
+# elements and more (576 x 151,936, 2,560 x 49,152, 2,560 x 151,936) are the slow tier: drawing
+# them, the half-precision kernels' float32 tile copies and the float64 reference's copy take
+# 5-45 s each on two cores; every width and every vocabulary still appears in the fast tier.
+SLOW = pytest.mark.slow
 SHAPES = [
     # rows, branches, width, vocab
     (64, 4, 64, 1000), (15, 8, 64, 49152), (1, 4, 64, 151936),
-    (64, 2, 576, 1000), (15, 4, 576, 49152), (15, 1, 576, 151936),
-    (1, 8, 2560, 1000), (15, 1, 2560, 49152), (1, 4, 2560, 151936),
+    (64, 2, 576, 1000), (15, 4, 576, 49152), pytest.param(15, 1, 576, 151936, marks=SLOW),
+    (1, 8, 2560, 1000), pytest.param(15, 1, 2560, 49152, marks=SLOW), pytest.param(1, 4, 2560, 151936, marks=SLOW),
     (64, 8, 64, 1000),  # N * K = 512 rows: several 64-row passes on the GPU
 ]
 
@@ -188,10 +192,4 @@ def test_opcheck(device, branches):
     args = (case["hidden"], case["lm_head_weight"], case.get("expander_weight"), case.get("expander_bias"), 290, 0)
     torch.library.opcheck(torch.ops.dblast.branch_argmax.default, args)
 
-
-def test_traces_under_torch_compile_fullgraph(device):
-    case = to_device(make_case(5, 4, 32, 300, torch.float32, seed=10), device)
-    compiled = torch.compile(lambda **kw: ops.branch_argmax(**kw, vocab_size=290), fullgraph=True,
-                             backend="aot_eager")
-    for eager, traced in zip(ops.branch_argmax(**case, vocab_size=290), compiled(**case)):
-        assert torch.equal(eager, traced)
+# torch.compile (aot_eager, inductor, dynamic shapes) and the fake kernel: test_ops_compile.py

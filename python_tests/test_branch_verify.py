@@ -55,8 +55,11 @@ def test_matches_reference_across_filters(device, settings, dtype):
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_reference_across_vocab_sizes(device, vocab, settings, dtype):
-    rows = 64 if vocab < 1000 else 3
-    case = make_branch_case(rows, 4, 15, vocab, settings, torch.Generator().manual_seed(vocab), dtype)
+    # a large vocabulary with 3 rows of b + 1 = 8 positions: the float64 reference sorts every
+    # position's vocabulary, and 24 positions of 151,936 tokens keep it to a second or two (the
+    # reference decisions of these rows lie >= 1e-5 from a flip, far outside the 1e-8 band)
+    rows, num_draft = (64, 15) if vocab < 1000 else (3, 7)
+    case = make_branch_case(rows, 4, num_draft, vocab, settings, torch.Generator().manual_seed(vocab), dtype)
     check_against_reference(case, settings, device)
 
 
@@ -343,11 +346,4 @@ def test_opcheck_half_precision_single_branch(device, dtype, validate):
             0.0, 0, 1.0, validate)
     torch.library.opcheck(torch.ops.dblast.branch_verify.default, args)
 
-
-def test_traces_under_torch_compile_fullgraph(device):
-    case = to_device(make_branch_case(6, 4, 5, 64, FilterSettings(), torch.Generator().manual_seed(10)), device)
-    compiled = torch.compile(lambda **kw: ops.branch_verify(**kw, top_k=20), fullgraph=True, backend="aot_eager")
-    eager = ops.branch_verify(**case, top_k=20)
-    traced = compiled(**case)
-    for a, b in zip(eager, traced):
-        assert torch.equal(a, b)
+# torch.compile (aot_eager, inductor, dynamic shapes) and the fake kernel: test_ops_compile.py

@@ -89,7 +89,7 @@ def test_every_committed_position_follows_the_target(device, settings):
     case = dict(target_logits=logits.expand(rows, -1, -1).contiguous(),
                 draft_logits=draft_logits.expand(rows, -1, -1, -1).contiguous(),
                 branch_prior=prior.expand(rows, -1).contiguous())
-    case["draft_tokens"], _ = ops.sample_mixture_draft(case["draft_logits"], case["branch_prior"], generator=g)
+    case["draft_tokens"], _ = reference.sample_mixture_draft(case["draft_logits"], case["branch_prior"], generator=g)
     case["uniforms"] = torch.rand(rows, num_draft + 1, generator=g, dtype=torch.float64)
     result = ops.mixture_verify(**to_device(case, device), **settings.kwargs())
     assert (result.num_accepted.cpu() == num_draft).float().mean() > 0.05  # deep positions reached
@@ -145,7 +145,7 @@ def test_first_emitted_token_follows_filtered_target(device, settings):
     g = torch.Generator().manual_seed(42)
     draft_logits = draft_logits.expand(SAMPLES, -1, -1, -1).contiguous()
     prior = prior.expand(SAMPLES, -1).contiguous()
-    draft_tokens, _ = ops.sample_mixture_draft(draft_logits, prior, generator=g)
+    draft_tokens, _ = reference.sample_mixture_draft(draft_logits, prior, generator=g)
     uniforms = torch.rand(SAMPLES, 4, generator=g, dtype=torch.float64)
     result = ops.mixture_verify(logits.expand(SAMPLES, -1, -1).contiguous().to(device), draft_logits.to(device),
                                 prior.to(device), draft_tokens.to(device), uniforms.to(device), **settings.kwargs())
@@ -188,7 +188,7 @@ def test_sample_mixture_draft_follows_the_mixture():
     g = torch.Generator().manual_seed(61)
     draft_logits = torch.randn(1, 3, 2, 5, generator=g).expand(SAMPLES, -1, -1, -1)
     prior = torch.tensor([[0.6, 0.3, 0.1]]).expand(SAMPLES, -1)
-    tokens, branch = ops.sample_mixture_draft(draft_logits, prior, draft_temperature=0.8, generator=g)
+    tokens, branch = reference.sample_mixture_draft(draft_logits, prior, draft_temperature=0.8, generator=g)
     q = (draft_logits[0].double() / 0.8).softmax(-1)  # [K, b, V]
     joint = (prior[0].double()[:, None, None] * q[:, 0, :, None] * q[:, 1, None, :]).sum(0)  # Eq 5, b = 2
     observed = np.bincount((tokens[:, 0] * 5 + tokens[:, 1]).numpy(), minlength=25)
@@ -286,3 +286,6 @@ def test_opcheck(device):
     args = (case["target_logits"], case["draft_logits"], case["branch_prior"], case["draft_tokens"],
             case["uniforms"], 0.9, 20, 0.95, 0.8, True)
     torch.library.opcheck(torch.ops.dblast.mixture_verify.default, args)
+
+
+# torch.compile (aot_eager, inductor, dynamic shapes) and the fake kernel: test_ops_compile.py
