@@ -1,14 +1,15 @@
-"""The speculative decode loop: a Hugging Face causal LM as the target, a DBlastDrafter as
-the drafter, exact greedy-branch verification (`branch_verify`) in between.
+"""The speculative decode loop: a Hugging Face causal LM as the target, a proposer (by default
+a DBlastDrafter, `proposer.DrafterProposer`) drafting blocks, exact greedy-branch verification
+(`branch_verify`) in between.
 
-One cycle (DESIGN.md, Decoding): drafter pass on [anchor, mask x b] with the new context
-features -> K greedy branches and the category prior -> sample a branch -> one target
-forward on [anchor, draft] (logits and hidden states together) -> verify -> crop the target
-cache to the committed length (the drafter's only ever holds committed context); the
-accepted tokens' features are the next cycle's new context.
+One cycle (docs/design.md, "The decode cycle"; DBLast Algorithm 1):
+1. propose: K greedy branches of b tokens after the anchor and the category prior;
+2. choose a branch z ~ prior (Z_T = 0: the prior's argmax);
+3. one target forward on [anchor, draft]: logits and hidden states together;
+4. verify: accepted drafts n, then a correction or bonus token;
+5. crop the target cache to the committed length (the proposer only ever caches committed
+   context); the accepted tokens' features are the next cycle's new context.
 """
-import inspect
-import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, List, Optional, Sequence
@@ -16,30 +17,15 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from . import ops, reference
-from .drafter import DBlastDrafter, DrafterCache
+from .drafter import DBlastDrafter
 from .drafter_io import check_against_target
-from .draft_vocabulary import DraftVocab, draft_vocabulary, end_of_sequence_ids
-from .foreign_load import Stopwatch
+from .draft_vocabulary import DraftVocab
+from .proposer import DrafterProposer, Proposal, Proposer, check_proposer
+from .sampling import SamplingParams, sample_from_logits
+from .target import TargetAdapter
 
-
-@dataclass
-class SamplingParams:
-    """The target's filter: T (0 = greedy), top-k (<= 0 off), top-p (>= 1 off)."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    def __post_init__(self):
-        # checked here, not at the first kernel call: target-only sampling (the baseline, the
-        # oracle, early determinism) never reaches a kernel, and NaN passes every comparison
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
-        if not (math.isfinite(self.top_p) and self.top_p > 0):
-            raise ValueError(f"top_p must be a finite number > 0 (>= 1: off), got {self.top_p}")
-
-    def kwargs(self) -> dict:
-        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+__all__ = ["SpeculativeDecoder", "SamplingParams", "GenerationOutput", "CycleRecord", "sample_autoregressive",
+           "choose_branch"]
 
 
 @dataclass
@@ -51,8 +37,8 @@ class CycleRecord:
                                # proposal, not of what the response kept)
     branch: int
     prior: List[float]
-    draft_time: float
-    verify_time: float
+    draft_time: float          # seconds in steps 1-2 of the cycle
+    verify_time: float         # seconds in steps 3-5
 
 
 @dataclass
@@ -60,93 +46,6 @@ class GenerationOutput:
     token_ids: List[int]
     stopped_by_eos: bool
     cycles: List[CycleRecord] = field(default_factory=list)
-    wall_time: float = 0.0
-    foreign_load: Optional[float] = None  # cores other processes kept busy meanwhile (foreign_load.py)
-
-
-def cache_argument(model) -> str:
-    """The name a Hugging Face model's forward gives its KV cache: `cache` in recent
-    transformers, `past_key_values` in older ones."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def last_position_logits_arguments(model) -> dict:
-    """Forward arguments that keep the logits to the last position (`logits_to_keep` in
-    recent transformers, `num_logits_to_keep` in older ones; none when neither exists), for
-    passes that need hidden states only or sample from the last position only."""
-    parameters = inspect.signature(model.forward).parameters
-    for name in ("logits_to_keep", "num_logits_to_keep"):
-        if name in parameters:
-            return {name: 1}
-    return {}
-
-
-class TargetAdapter:
-    """A Hugging Face causal LM (Qwen3, Llama, ...) used unmodified: one forward returns the
-    logits of every position (of the last one only for a prefill) and the hidden states of the
-    drafter's target layers."""
-
-    def __init__(self, model, layer_ids: Sequence[int]):
-        self.model = model
-        self.layer_ids = list(layer_ids)
-        self._cache_arg = cache_argument(model)
-        self._last_logits_kwargs = last_position_logits_arguments(model)
-
-    @property
-    def device(self):
-        return next(self.model.parameters()).device
-
-    def new_cache(self):
-        from transformers import DynamicCache
-
-        return DynamicCache()
-
-    def forward(self, input_ids: torch.Tensor, cache, hidden_states: bool = True, last_logits_only: bool = False):
-        """`last_logits_only` for a prefill, which samples from its last position only: [T, V]
-        logits over the whole prompt would be about a fifth of the pass (SmolLM2) for nothing."""
-        extra = self._last_logits_kwargs if last_logits_only else {}
-        out = self.model(input_ids=input_ids, use_cache=True, output_hidden_states=hidden_states,
-                         **{self._cache_arg: cache}, **extra)
-        if not hidden_states:
-            return out.logits, None
-        return out.logits, self.features(out.hidden_states)
-
-    def features(self, hidden_states) -> torch.Tensor:
-        """The drafter's context features: concat(hidden_states[l + 1] for l in the drafter's
-        target layers), [.., T, L*H]; index 0 of a transformers output is the embedding's."""
-        return torch.cat([hidden_states[l + 1] for l in self.layer_ids], dim=-1)
-
-    @staticmethod
-    def crop(cache, length: int) -> None:
-        """Keeps the first `length` tokens (a negative count removes tokens in every
-        transformers version; positive absolute lengths are refused by recent ones)."""
-        excess = cache.get_seq_length() - length
-        if excess > 0:
-            cache.crop(-excess)
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.get_input_embeddings()(input_ids)
-
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        return self.model.get_output_embeddings().weight
-
-    @property
-    def vocab_size(self) -> int:
-        return self.model.config.vocab_size
-
-
-def sample_from_logits(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator,
-                       on_probs: Optional[Callable[[torch.Tensor, int], None]] = None) -> int:
-    """One token from the filtered target distribution of a [V] logit row (inverse CDF on a
-    uniform from `generator`, the same rule the verifier uses for its final token);
-    `on_probs(probs, token)` sees the float64 distribution the token was drawn from."""
-    probs = reference.filter_target_probs(logits.float().cpu(), **sampling.kwargs())
-    u = torch.rand(1, generator=generator, dtype=torch.float64)
-    token = int(reference.inverse_cdf_sample(probs[None], u)[0])
-    if on_probs:
-        on_probs(probs, token)
-    return token
 
 
 def prompt_tensor(input_ids, max_new_tokens: int, device) -> torch.Tensor:
@@ -162,20 +61,49 @@ def prompt_tensor(input_ids, max_new_tokens: int, device) -> torch.Tensor:
     return ids
 
 
+def choose_branch(prior: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Step 2: z ~ prior for each row ([N, K] -> [N] int64 on the prior's device), from `generator`."""
+    return torch.multinomial(prior.cpu().double(), 1, generator=generator).view(-1).to(prior.device)
+
+
 class SpeculativeDecoder:
-    def __init__(self, target, drafter: DBlastDrafter, *, category_temperature: float = 1.0,
-                 use_kernels: bool = True, draft_vocab: DraftVocab = None):
-        """`draft_vocab`: the token ids the drafter may propose (dblast_ext.draft_vocabulary:
-        an int N for the first N ids, or a list of ids; None, the default, for all of them)."""
-        check_against_target(drafter.config, target.config)
-        if category_temperature < 0:
-            raise ValueError(f"category_temperature must be >= 0, got {category_temperature}")
-        self.target = TargetAdapter(target, drafter.config.target_layer_ids)
-        self.drafter = drafter
-        self.category_temperature = category_temperature
+    def __init__(self, target, drafter: Optional[DBlastDrafter] = None, *, category_temperature: float = 1.0,
+                 use_kernels: bool = True, draft_vocab: DraftVocab = None, proposer: Optional[Proposer] = None):
+        """`target`: a Hugging Face causal LM. Either `drafter` (a DBlastDrafter, drafting over
+        `draft_vocab`, see dblast_ext.draft_vocabulary, at category temperature Z_T) or
+        `proposer` (anything implementing dblast_ext.proposer.Proposer). `use_kernels`: the
+        dblast ops (False: their pure-PyTorch reference, same results)."""
+        if (drafter is None) == (proposer is None):
+            raise ValueError("give either drafter or proposer (exactly one)")
         self.use_kernels = use_kernels
-        self.draft_ids = draft_vocabulary(draft_vocab, self.target.vocab_size, end_of_sequence_ids(target))
-        self._draft_head = None  # (the LM head it was gathered from, ids there, the gathered rows)
+        if drafter is not None:
+            check_against_target(drafter.config, target.config)
+            self.target = TargetAdapter(target, drafter.config.target_layer_ids)
+            proposer = DrafterProposer(drafter, self.target, category_temperature=category_temperature,
+                                       draft_vocab=draft_vocab, use_kernels=use_kernels)
+        else:
+            check_proposer(proposer)
+            self.target = TargetAdapter(target, proposer.target_layer_ids)
+        self.proposer = proposer
+
+    # the drafter-specific settings, for callers that built the decoder from a drafter
+    @property
+    def drafter(self) -> DBlastDrafter:
+        return self.proposer.drafter
+
+    @property
+    def draft_ids(self) -> Optional[torch.Tensor]:
+        return getattr(self.proposer, "draft_ids", None)
+
+    @property
+    def category_temperature(self) -> float:
+        return self.proposer.category_temperature
+
+    @category_temperature.setter
+    def category_temperature(self, value: float) -> None:
+        if value < 0:
+            raise ValueError(f"category_temperature must be >= 0, got {value}")
+        self.proposer.category_temperature = value
 
     @torch.inference_mode()
     def generate(self, input_ids, sampling: Optional[SamplingParams] = None, max_new_tokens: int = 256,
@@ -187,9 +115,6 @@ class SpeculativeDecoder:
         ids = prompt_tensor(input_ids, max_new_tokens, self.target.device)
         stops = set(stop_token_ids or ())
         generator = torch.Generator().manual_seed(seed)
-        watch = Stopwatch()
-        config, device = self.drafter.config, ids.device
-        block = config.block_size
 
         target_cache = self.target.new_cache()
         logits, context = self.target.forward(ids, target_cache, last_logits_only=True)
@@ -197,11 +122,11 @@ class SpeculativeDecoder:
         generated = [anchor]
         if on_tokens:
             on_tokens([anchor])
-        drafter_cache = DrafterCache(config, 1, ids.shape[1] + max_new_tokens + block, device,
-                                     self.drafter.fc.weight.dtype)
+        proposer_cache = self.proposer.new_cache(1, ids.shape[1] + max_new_tokens + self.proposer.block_size,
+                                                 ids.device)
         cycles = []
         while len(generated) < max_new_tokens and anchor not in stops:
-            record, emitted, context = self._cycle(anchor, context, target_cache, drafter_cache, sampling, generator)
+            record, emitted, context = self._cycle(anchor, context, target_cache, proposer_cache, sampling, generator)
             cycles.append(record)
             before = len(generated)
             for token in emitted:
@@ -215,56 +140,45 @@ class SpeculativeDecoder:
                 on_tokens(generated[before:])
             anchor = generated[-1]
         stopped = bool(stops) and generated[-1] in stops
-        return GenerationOutput(generated[:max_new_tokens], stopped, cycles, *watch.stop())
+        return GenerationOutput(generated[:max_new_tokens], stopped, cycles)
 
-    def _cycle(self, anchor: int, context: torch.Tensor, target_cache, drafter_cache: DrafterCache,
+    def _cycle(self, anchor: int, context: torch.Tensor, target_cache, proposer_cache,
                sampling: SamplingParams, generator: torch.Generator):
         """One cycle after `anchor` (the last committed token; `context` holds the target
-        features of the committed tokens the drafter has not cached yet): draft, verify, crop
-        the target cache to the committed length. Returns the cycle's record, the emitted
-        tokens (accepted drafts + the correction or bonus token) and the next context."""
-        config, device = self.drafter.config, context.device
-        block = config.block_size
+        features of the committed tokens the proposer has not cached yet). Returns the cycle's
+        record, the emitted tokens (accepted drafts + the correction or bonus token) and the
+        next context."""
+        device = context.device
         t0 = time.perf_counter()
-        block_ids = torch.full((1, block), config.mask_token_id, dtype=torch.int64, device=device)
-        block_ids[0, 0] = anchor
-        hidden = self.drafter(self.target.embed(block_ids), context, drafter_cache, use_kernels=self.use_kernels)
-        prior = self.drafter.branch_prior(hidden[:, 0], self.category_temperature)
-        tokens = self.draft_tokens(hidden)
-        branch = torch.multinomial(prior.cpu().double(), 1, generator=generator).view(1).to(device)
-        draft = tokens[0, branch]
+        anchors = torch.tensor([anchor], dtype=torch.int64, device=device)
+        proposal = self.proposer.propose(anchors, context, proposer_cache)            # 1. propose
+        branch = choose_branch(proposal.prior, generator)                               # 2. choose a branch
+        draft = proposal.branch_tokens[0, branch]
         t1 = time.perf_counter()
 
-        verify_logits, features = self.target.forward(torch.cat([block_ids[:, :1], draft], dim=1), target_cache)
-        uniforms = torch.rand(1, block, generator=generator, dtype=torch.float64).to(device)
-        verify = ops.branch_verify if self.use_kernels else reference.branch_verify
-        result = verify(verify_logits.float(), tokens, prior.float(), branch, uniforms, **sampling.kwargs())
+        verify_logits, features = self.target.forward(torch.cat([anchors[:, None], draft], dim=1),  # 3. score
+                                                      target_cache)
+        uniforms = torch.rand(1, self.proposer.block_size, generator=generator, dtype=torch.float64).to(device)
+        result = self._verify(verify_logits, proposal, branch, uniforms, sampling)     # 4. verify
         accepted = int(result.num_accepted[0])
         emitted = result.output_tokens[0, : accepted + 1].tolist()
-        # the target cache keeps the anchor and the accepted drafts; the final token is the next anchor
-        self.target.crop(target_cache, drafter_cache.length + accepted + 1)
+        # 5. the target cache keeps the anchor and the accepted drafts; the final token is the next anchor
+        self.target.crop(target_cache, proposer_cache.length + accepted + 1)
         survive = torch.cumprod(result.accept_probs[0].double(), 0)
-        record = CycleRecord(accepted, float(survive.sum()), int(branch), prior[0].tolist(), t1 - t0,
+        record = CycleRecord(accepted, float(survive.sum()), int(branch), proposal.prior[0].tolist(), t1 - t0,
                              time.perf_counter() - t1)
         return record, emitted, features[:, : accepted + 1]
 
-    def draft_tokens(self, block_hidden: torch.Tensor) -> torch.Tensor:
-        """Every branch's greedy token at every draft position, [N, K, b], over the draft
-        vocabulary: the LM head rows of its ids only, the argmax mapped back to token ids."""
-        head = self.target.lm_head_weight
-        if self.draft_ids is None:
-            return self.drafter.branch_tokens(block_hidden, head, self.target.vocab_size,
-                                              use_kernels=self.use_kernels)
-        key = (head.data_ptr(), head.device, head.dtype)
-        if self._draft_head is None or self._draft_head[0] != key:  # gathered once, again if the model moved
-            ids = self.draft_ids.to(head.device)
-            rows = head.detach().index_select(0, ids)
-            if rows.device.type == "cpu":  # the CPU kernel computes in float32 and would upcast 16-bit
-                rows = rows.float()        # rows every call; upcasting is exact, so the argmax is the same
-            self._draft_head = (key, ids, rows.contiguous())
-        _, ids, rows = self._draft_head
-        local = self.drafter.branch_tokens(block_hidden, rows, len(ids), use_kernels=self.use_kernels)
-        return ids[local]
+    def _verify(self, logits: torch.Tensor, proposal: Proposal, branch: torch.Tensor, uniforms: torch.Tensor,
+                sampling: SamplingParams):
+        """branch_verify without its value checks: the loop made every input itself (a
+        checked SamplingParams, token ids below the vocabulary, a normalised prior, uniforms
+        in [0, 1)), and the checks would cost a device sync per cycle."""
+        if self.use_kernels:
+            return ops.branch_verify(logits, proposal.branch_tokens, proposal.prior, branch, uniforms,
+                                     validate=False, **sampling.kwargs())
+        return reference.branch_verify(logits.float(), proposal.branch_tokens, proposal.prior, branch, uniforms,
+                                       **sampling.kwargs())
 
     @torch.inference_mode()
     def first_cycle(self, prefix_ids, sampling: Optional[SamplingParams] = None, seed: int = 0) -> CycleRecord:
@@ -277,11 +191,9 @@ class SpeculativeDecoder:
             raise ValueError("prefix_ids needs at least two tokens: context and the anchor")
         target_cache = self.target.new_cache()
         _, context = self.target.forward(ids[:, :-1], target_cache, last_logits_only=True)
-        config = self.drafter.config
-        drafter_cache = DrafterCache(config, 1, ids.shape[1] + config.block_size, ids.device,
-                                     self.drafter.fc.weight.dtype)
+        proposer_cache = self.proposer.new_cache(1, ids.shape[1] + self.proposer.block_size, ids.device)
         generator = torch.Generator().manual_seed(seed)
-        record, _, _ = self._cycle(int(ids[0, -1]), context, target_cache, drafter_cache, sampling, generator)
+        record, _, _ = self._cycle(int(ids[0, -1]), context, target_cache, proposer_cache, sampling, generator)
         return record
 
     def warm_up(self, input_ids, sampling: Optional[SamplingParams] = None, *, target_only: bool = True,
@@ -312,7 +224,6 @@ def sample_autoregressive(target: TargetAdapter, input_ids, sampling: Optional[S
     ids = prompt_tensor(input_ids, max_new_tokens, target.device)
     stops = set(stop_token_ids or ())
     generator = torch.Generator().manual_seed(seed)
-    watch = Stopwatch()
     cache = target.new_cache()
     logits, _ = target.forward(ids, cache, hidden_states=False, last_logits_only=True)
     generated = []
@@ -325,4 +236,4 @@ def sample_autoregressive(target: TargetAdapter, input_ids, sampling: Optional[S
             break
         logits, _ = target.forward(torch.tensor([[token]], device=ids.device), cache, hidden_states=False)
     stopped = bool(stops) and generated[-1] in stops
-    return GenerationOutput(generated, stopped, [], *watch.stop())
+    return GenerationOutput(generated, stopped, [])

@@ -1,6 +1,6 @@
 """The block-diffusion drafter: DFlash's architecture plus DBLast's K-branch head.
 
-State-dict names follow the public DFlash checkpoints (see DESIGN.md): `fc`, `hidden_norm`,
+State-dict names follow the public DFlash checkpoints (docs/design.md): `fc`, `hidden_norm`,
 `layers.{i}.{input_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q_norm,k_norm},
 post_attention_layernorm, mlp.{gate,up,down}_proj}`, `norm`; DBLast adds `branch_expander`
 (Linear H -> K*H) and `prior_head` (Linear H -> K). Embedding and LM head are the target's.
@@ -14,7 +14,7 @@ enter every layer's k/v projections directly (after `fc` and `hidden_norm`), not
 layer norms. The block embeddings are the target's, times `input_embedding_scale`.
 """
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 from torch import nn
@@ -134,6 +134,19 @@ class DrafterLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = DrafterMLP(c)
 
+    def forward(self, h: torch.Tensor, block_rope, attend: Callable) -> torch.Tensor:
+        """One layer over the block hidden states h [N, T, H] (inference: one block; training:
+        many blocks side by side). `attend(q, k_block, v_block)` -> [N, Hq, T, D] is where the
+        two differ: the inference pass attends to its cache through the attention op, training
+        to every block's context through a dense mask."""
+        attn = self.self_attn
+        x = self.input_layernorm(h)
+        q = attn.project_queries(x, block_rope)
+        k_blk, v_blk = attn.project_keys_values(x, block_rope)
+        out = attend(q, k_blk, v_blk)
+        h = h + attn.o_proj(out.transpose(1, 2).reshape(h.shape[0], h.shape[1], -1))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
 
 class DrafterCache:
     """The drafter's own context K/V per layer: [N, Hkv, capacity, D], valid up to `length`."""
@@ -207,18 +220,16 @@ class DBlastDrafter(nn.Module):
         attention = ops.drafter_attention if use_kernels else reference.drafter_attention
         h = block_embeddings
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
             if new:
-                k_ctx, v_ctx = attn.project_keys_values(context, ctx_rope)
+                k_ctx, v_ctx = layer.self_attn.project_keys_values(context, ctx_rope)
                 cache.keys[i][:, :, start : start + new] = k_ctx
                 cache.values[i][:, :, start : start + new] = v_ctx
-            x = layer.input_layernorm(h)
-            q = attn.project_queries(x, blk_rope)
-            k_blk, v_blk = attn.project_keys_values(x, blk_rope)
-            out = attention(q, cache.keys[i], cache.values[i], k_blk, v_blk, lens, window=c.window(i),
-                            causal=c.causal(i))
-            h = h + attn.o_proj(out.transpose(1, 2).reshape(rows, block, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+
+            def attend(q, k_blk, v_blk, i=i):
+                return attention(q, cache.keys[i], cache.values[i], k_blk, v_blk, lens, window=c.window(i),
+                                 causal=c.causal(i))
+
+            h = layer(h, blk_rope, attend)
         cache.length = start + new
         return self.norm(h)
 

@@ -6,14 +6,15 @@ worker threads wait on each other when one is descheduled). `Stopwatch` measures
 wall time together with the cores the rest of the machine kept busy meanwhile: the machine's
 busy time from /proc/stat (Linux; the cores this process may run on) minus this process's own
 CPU time, over the wall time. Elsewhere the load is unknown (None). On a host shared through CPU
-quotas rather than pinned cores it counts the other tenants on those cores too."""
+quotas rather than pinned cores it counts the other tenants on those cores too.
+
+Timing stays outside the decode loop's outputs: callers that compare speeds wrap the call,
+`output, timing = timed(decoder.generate, ids, ...)`. Whether a load is too high to trust a
+timing is the evaluation's rule (`eval.contention`)."""
 import os
 import time
-from typing import Optional, Tuple
-
-# a timed region during which other processes kept more cores than this busy on average is
-# called contended: its timings are not this machine's (a quiet machine shows well under 0.05)
-CONTENTION_LIMIT = 0.25
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple, TypeVar
 
 _TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -62,15 +63,17 @@ class Stopwatch:
         return wall, max(0.0, ((busy - self._busy) - (own - self._own)) / wall)
 
 
-def is_contended(load: Optional[float]) -> bool:
-    return load is not None and load > CONTENTION_LIMIT
+@dataclass
+class Timing:
+    wall_time: float                # seconds
+    foreign_load: Optional[float]   # cores other processes kept busy on average (None: unknown)
 
 
-def contention_warning(loads) -> str:
-    """A warning line when any of a comparison's timed runs (`loads`: their foreign loads) was
-    contended; "" otherwise."""
-    worst = max((load for load in loads if load is not None), default=None)
-    if not is_contended(worst):
-        return ""
-    return (f"warning: other processes kept up to {worst:.2f} cores busy while this was timed (more than "
-            f"{CONTENTION_LIMIT}): the speed-up is not this machine's alone; measure again on idle cores")
+T = TypeVar("T")
+
+
+def timed(fn: Callable[..., T], *args, **kwargs) -> Tuple[T, Timing]:
+    """fn(*args, **kwargs) and how long it took, with the foreign load meanwhile."""
+    watch = Stopwatch()
+    result = fn(*args, **kwargs)
+    return result, Timing(*watch.stop())

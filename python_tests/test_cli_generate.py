@@ -94,12 +94,12 @@ def test_compare_ar_reports_a_speedup(capsys, model_dirs):
 
 
 def test_compare_ar_warns_when_timed_on_busy_cores(capsys, model_dirs, monkeypatch):
-    import dblast_ext.decoding as decoding
+    import dblast_ext.foreign_load as foreign_load
     target, drafter = model_dirs
     argv = ["--target", target, "--drafter", drafter, "--prompt", PROMPT, "--max-new-tokens", "8", "--compare-ar",
             "--no-kernels"]
     for load, warned in ((0.0, False), (1.25, True)):
-        monkeypatch.setattr(decoding, "Stopwatch", busy_stopwatch(decoding.Stopwatch, load))
+        monkeypatch.setattr(foreign_load, "Stopwatch", busy_stopwatch(foreign_load.Stopwatch, load))
         out = run_json(capsys, *argv)
         assert out["foreign_load"] == load and out["ar_foreign_load"] == load
         assert main(["generate", *argv]) == 0

@@ -1,5 +1,4 @@
 """The speculative decode loop on tiny random Qwen3 / Llama targets (built from configs)."""
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -9,6 +8,7 @@ pytest.importorskip("transformers")
 
 from dblast_ext import load_drafter  # noqa: E402
 from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.proposer import Proposal  # noqa: E402
 from dblast_ext import reference  # noqa: E402
 from losslessness import chi_square_pvalue  # noqa: E402
 from tiny_models import lm_head_rows, tiny_target, write_dflash_checkpoint  # noqa: E402
@@ -72,25 +72,68 @@ def test_greedy_stops_at_a_stop_token_like_the_target(tmp_path):
     assert out.token_ids == expected and out.token_ids[-1] == stop and out.stopped_by_eos
 
 
+class CountingCache:
+    """A proposer cache that holds nothing but how many committed tokens it has seen."""
+
+    def __init__(self):
+        self.length = 0
+
+    def crop(self, length):
+        self.length = length
+
+
+class ScriptedProposer:
+    """One branch drafting a known continuation of the prompt: after the anchor at response
+    position i it proposes positions i + 1 .. i + b. At T = 0 against the target's own greedy
+    continuation every draft is accepted, so every cycle commits a whole block."""
+
+    num_branches = 1
+
+    def __init__(self, continuation, prompt_length, block_size, target_layer_ids):
+        self.continuation, self.prompt_length = list(continuation), prompt_length
+        self.block_size, self.target_layer_ids = block_size, list(target_layer_ids)
+
+    def new_cache(self, rows, capacity, device):
+        return CountingCache()
+
+    def propose(self, anchors, context, cache):
+        cache.length += context.shape[1]  # the committed tokens before the anchor
+        i = cache.length - self.prompt_length
+        drafts = (self.continuation[i + 1 : i + self.block_size] + [0] * self.block_size)[: self.block_size - 1]
+        return Proposal(torch.tensor([[drafts]], device=anchors.device), torch.ones(1, 1, device=anchors.device))
+
+
 @pytest.mark.parametrize("stop_at", [None, 7])
 def test_a_cut_cycle_counts_only_the_tokens_kept(tmp_path, stop_at):
-    """Cycles that accept the whole block (a stand-in for the real cycle) cut by the token
-    limit (9 -> 10) or by a stop token (the 7th token): the last cycle counts what was kept."""
-    dec = make_decoder(tmp_path, "qwen3", 1, 4)
-    first = hf_greedy(dec.target.model, PROMPT, 1)[0]  # the prefill's token, never a stop here
-    drafted = [t for t in range(10, 60) if t != first]
-    real_cycle, tokens = dec._cycle, iter(drafted)
-
-    def full_block_cycle(*args):
-        record, _, context = real_cycle(*args)
-        return replace(record, num_accepted=3), [next(tokens) for _ in range(4)], context
-
-    dec._cycle = full_block_cycle
-    stops = [drafted[stop_at - 2]] if stop_at else None  # the stop_at-th token of the response
+    """Cycles that accept the whole block (a proposer drafting the target's greedy path), cut
+    by the token limit (9 -> 10) or by a stop token: the last cycle counts what was kept."""
+    target = make_decoder(tmp_path, "qwen3", 1, 4).target.model
+    greedy = hf_greedy(target, PROMPT, 30)
+    dec = SpeculativeDecoder(target, proposer=ScriptedProposer(greedy, len(PROMPT), 4, (1, 4)))
+    stops, kept = None, 10
+    if stop_at:  # the first token from the stop_at-th on that did not occur before it
+        kept = next(k for k in range(stop_at - 1, len(greedy)) if greedy[k] not in greedy[:k]) + 1
+        stops = [greedy[kept - 1]]
     out = dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=10, stop_token_ids=stops)
-    kept = 1 + sum(c.num_accepted + 1 for c in out.cycles)
-    assert kept == len(out.token_ids)
-    assert [c.num_accepted for c in out.cycles] == ([3, 3, 0] if stop_at is None else [3, 1])
+    assert out.token_ids == greedy[: min(kept, 10)]
+    assert 1 + sum(c.num_accepted + 1 for c in out.cycles) == len(out.token_ids)
+    full, last = divmod(len(out.token_ids) - 1, 4)  # cycles after the prefill's token commit 4 tokens each
+    assert [c.num_accepted for c in out.cycles] == [3] * full + ([last - 1] if last else [])
+
+
+def test_a_proposer_missing_part_of_the_protocol_is_refused(tmp_path):
+    target = make_decoder(tmp_path).target.model
+
+    class NoPropose:
+        block_size, num_branches, target_layer_ids = 4, 1, [1, 4]
+
+        def new_cache(self, rows, capacity, device):
+            return CountingCache()
+
+    with pytest.raises(TypeError, match="propose"):
+        SpeculativeDecoder(target, proposer=NoPropose())
+    with pytest.raises(ValueError, match="exactly one"):
+        SpeculativeDecoder(target)
 
 
 def test_autoregressive_greedy_equals_the_targets_own(tmp_path):
@@ -141,18 +184,25 @@ def exact_first_two(target, sampling):
     return (p1[:, None] * p2).numpy()
 
 
-@pytest.mark.parametrize("branches,sampling,draft_vocab", [  # with the test below: K {1, 4} x {no filter, top-k + top-p}
-    (1, SamplingParams(1.0, 6, 0.9), None),
-    (4, SamplingParams(1.0, 0, 1.0), None),
-    (4, SamplingParams(1.0, 6, 0.9), 6),  # drafts from ids 0..5 only: the output is still the target's
+# the fast tier runs every setting at a size that still fails a sampler ignoring the target or
+# its filter; the slow tier (-m slow) runs them at full size, with the power for subtler errors
+FULL = pytest.mark.slow
+
+
+@pytest.mark.parametrize("branches,sampling,draft_vocab,samples", [  # with the test below: K {1, 4} x filters
+    (1, SamplingParams(1.0, 6, 0.9), None, 600),
+    (4, SamplingParams(1.0, 0, 1.0), None, 600),
+    (4, SamplingParams(1.0, 6, 0.9), 6, 600),  # drafts from ids 0..5 only: the output is still the target's
+    pytest.param(1, SamplingParams(1.0, 6, 0.9), None, 3000, marks=FULL),
+    pytest.param(4, SamplingParams(1.0, 0, 1.0), None, 3000, marks=FULL),
+    pytest.param(4, SamplingParams(1.0, 6, 0.9), 6, 3000, marks=FULL),
 ])
-def test_first_two_tokens_follow_the_targets_distribution(tmp_path, branches, sampling, draft_vocab):
+def test_first_two_tokens_follow_the_targets_distribution(tmp_path, branches, sampling, draft_vocab, samples):
     dec = make_decoder(tmp_path, branches=branches, block_size=4, vocab=SMALL_VOCAB, mask=MASK,
                        draft_vocab=draft_vocab)
     with torch.no_grad():  # far from uniform (top token ~0.16): a sampler ignoring the target fails at once
         dec.target.model.lm_head.weight.mul_(3.0)
     exact = exact_first_two(dec.target.model, sampling)
-    samples = 3000
     counts = np.zeros((SMALL_VOCAB, SMALL_VOCAB))
     for seed in range(samples):
         tokens = dec.generate(SMALL_PROMPT, sampling, max_new_tokens=2, seed=seed).token_ids
@@ -177,15 +227,18 @@ def exact_prefix_joint(target, prompt, sampling, length):
     return joint
 
 
-class OracleBranches:
-    """Stands in for the drafter's branch head with drafts the target often accepts, so that
-    deep positions, the bonus token and the consistent-set bookkeeping all get exercised.
-    Branch 0 is the target's greedy path from the committed prefix; branch z > 0 is that path
-    with position (z - 1) mod b swapped for the runner-up token (so branches share prefixes
-    and split at different depths). The prior is fixed and far from uniform."""
+class OracleProposer:
+    """A proposer with drafts the target often accepts, so that deep positions, the bonus
+    token and the consistent-set bookkeeping all get exercised. Branch 0 is the target's
+    greedy path from the committed prefix (which it follows through the decoder's `on_tokens`);
+    branch z > 0 is that path with position (z - 1) mod b swapped for the runner-up token (so
+    branches share prefixes and split at different depths). The prior is fixed and far from
+    uniform."""
 
     def __init__(self, decoder, branches, prompt):
-        self.target, self.branches, self.prefix = decoder.target.model, branches, list(prompt)
+        self.target, self.num_branches, self.prefix = decoder.target.model, branches, list(prompt)
+        self.block_size = decoder.proposer.block_size
+        self.target_layer_ids = decoder.proposer.target_layer_ids
         self.device = decoder.target.device
         self.prior = torch.tensor([[0.45, 0.3, 0.15, 0.1][:branches]], device=self.device)
         self.prior /= self.prior.sum()
@@ -193,11 +246,13 @@ class OracleBranches:
     def on_tokens(self, ids):
         self.prefix.extend(ids)
 
-    def branch_prior(self, anchor_hidden, category_temperature=1.0):
-        return self.prior.clone()
+    def new_cache(self, rows, capacity, device):
+        return CountingCache()
 
-    def branch_tokens(self, block_hidden, lm_head_weight, vocab_size, use_kernels=True):
-        num_draft = block_hidden.shape[1] - 1
+    def propose(self, anchors, context, cache):
+        cache.length += context.shape[1]
+        assert cache.length == len(self.prefix) - 1 and int(anchors[0]) == self.prefix[-1]
+        num_draft = self.block_size - 1
         path, runner_up = list(self.prefix), []
         with torch.no_grad():
             for _ in range(num_draft):
@@ -205,23 +260,28 @@ class OracleBranches:
                 path.append(top2[0])
                 runner_up.append(top2[1])
         greedy = path[len(self.prefix):]
-        rows = [list(greedy) for _ in range(self.branches)]
-        for z in range(1, self.branches):
+        rows = [list(greedy) for _ in range(self.num_branches)]
+        for z in range(1, self.num_branches):
             rows[z][(z - 1) % num_draft] = runner_up[(z - 1) % num_draft]
-        return torch.tensor([rows], device=self.device)
+        return Proposal(torch.tensor([rows], device=self.device), self.prior.clone())
+
+
+def oracle_decoder(dec, branches, prompt):
+    """`dec`'s target driven by an OracleProposer, and that proposer."""
+    oracle = OracleProposer(dec, branches, prompt)
+    return SpeculativeDecoder(dec.target.model, proposer=oracle), oracle
 
 
 @pytest.mark.parametrize("branches,block_size", [(1, 4), (4, 4), (4, 16)])
 def test_greedy_output_equals_the_targets_own_when_drafts_are_accepted(tmp_path, device, branches, block_size):
-    """With drafts the target accepts (OracleBranches), whole blocks and partial ones get
+    """With drafts the target accepts (OracleProposer), whole blocks and partial ones get
     committed, so the caches are cropped after accepted drafts and the accepted tokens'
     features feed the next drafter pass: the output must still be the target's greedy one."""
     dec = make_decoder(tmp_path, "qwen3", branches, block_size)
     dec.target.model.to(device)
     dec.drafter.to(device)
     expected = hf_greedy(dec.target.model, PROMPT, 40)
-    oracle = OracleBranches(dec, branches, PROMPT)
-    dec.drafter.branch_prior, dec.drafter.branch_tokens = oracle.branch_prior, oracle.branch_tokens
+    dec, oracle = oracle_decoder(dec, branches, PROMPT)
     out = dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=40, on_tokens=oracle.on_tokens)
     assert out.token_ids == expected
     accepted = [c.num_accepted for c in out.cycles[:-1]]  # the last cycle may be cut by the limit
@@ -230,36 +290,32 @@ def test_greedy_output_equals_the_targets_own_when_drafts_are_accepted(tmp_path,
         assert any(n < block_size - 1 for n in accepted)
 
 
-@pytest.mark.parametrize("branches,block_size,sampling", [
-    (4, 3, SamplingParams(1.0, 0, 1.0)),   # b = 2: the fourth token is often the bonus token
-    (4, 4, SamplingParams(1.0, 6, 0.9)),   # b = 3: three verified positions in the first cycle
-    (1, 4, SamplingParams(1.0, 0, 1.0)),
+@pytest.mark.parametrize("branches,block_size,sampling,samples", [
+    (4, 3, SamplingParams(1.0, 0, 1.0), 400),   # b = 2: the fourth token is often the bonus token
+    (4, 4, SamplingParams(1.0, 6, 0.9), 400),   # b = 3: three verified positions in the first cycle
+    (1, 4, SamplingParams(1.0, 0, 1.0), 400),
+    pytest.param(4, 3, SamplingParams(1.0, 0, 1.0), 2000, marks=FULL),
+    pytest.param(4, 4, SamplingParams(1.0, 6, 0.9), 2000, marks=FULL),
+    pytest.param(1, 4, SamplingParams(1.0, 0, 1.0), 2000, marks=FULL),
 ])
 def test_committed_tokens_follow_the_targets_distribution_at_every_position(tmp_path, branches, block_size,
-                                                                            sampling):
+                                                                            sampling, samples):
     dec = make_decoder(tmp_path, branches=branches, block_size=block_size, vocab=SMALL_VOCAB, mask=MASK, layers=2,
                        target_layer_ids=(0, 1))
     with torch.no_grad():  # a peaked target (top token ~0.6): drafts get accepted, deep positions get reached
         dec.target.model.lm_head.weight.mul_(12.0)
-    length, samples = 4, 2000
+    length = 4
     exact = exact_prefix_joint(dec.target.model, SMALL_PROMPT, sampling, length)
     counts = np.zeros_like(exact)
-    accepted, verified, real_cycle = [], [], dec._cycle
-
-    def counting_cycle(*args):  # the verifier's own count: a cycle cut by max_new_tokens records what was kept
-        result = real_cycle(*args)
-        verified.append(result[0].num_accepted)
-        return result
-
-    dec._cycle = counting_cycle
+    accepted = []
     for seed in range(samples):
-        oracle = OracleBranches(dec, branches, SMALL_PROMPT)
-        dec.drafter.branch_prior, dec.drafter.branch_tokens = oracle.branch_prior, oracle.branch_tokens
-        verified.clear()
-        out = dec.generate(SMALL_PROMPT, sampling, max_new_tokens=length, seed=seed, on_tokens=oracle.on_tokens)
+        oracle_dec, oracle = oracle_decoder(dec, branches, SMALL_PROMPT)
+        # a limit beyond the tokens counted, so the first cycle is never cut: its count is the verifier's
+        out = oracle_dec.generate(SMALL_PROMPT, sampling, max_new_tokens=length + block_size, seed=seed,
+                                  on_tokens=oracle.on_tokens)
         assert oracle.prefix == SMALL_PROMPT + out.token_ids
-        counts[tuple(out.token_ids)] += 1
-        accepted.append(verified[0])
+        counts[tuple(out.token_ids[:length])] += 1
+        accepted.append(out.cycles[0].num_accepted)
     # the drafts must reach every position often, or the test would check little
     assert np.mean(np.array(accepted) == block_size - 1) > 0.05
     assert counts[exact == 0].sum() == 0
@@ -316,7 +372,7 @@ def test_drafts_are_the_argmax_over_the_draft_vocabulary(tmp_path, device, branc
     outside = torch.ones(logits.shape[-1], dtype=torch.bool, device=device)
     outside[dec.draft_ids.to(device)] = False
     expected = logits.masked_fill(outside, float("-inf")).argmax(-1).T  # [K, b]
-    tokens = dec.draft_tokens(hidden)
+    tokens = dec.proposer.draft_tokens(hidden)
     assert tokens.shape == (1, branches, 7) and tokens.device.type == device
     assert torch.equal(tokens[0].cpu(), expected.cpu())
     full = dec.drafter.branch_tokens(hidden, dec.target.lm_head_weight, dec.target.vocab_size)
@@ -341,16 +397,16 @@ def test_greedy_output_with_a_draft_vocabulary_equals_the_targets_own(tmp_path, 
 def test_the_gathered_head_follows_the_model_to_another_dtype(tmp_path):
     dec = make_decoder(tmp_path, branches=4, block_size=4, draft_vocab=20)
     assert len(dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=12).token_ids) == 12
-    assert dec._draft_head[0][2] == torch.float32
+    assert dec.proposer._draft_head[0][2] == torch.float32
     dec.target.model.to(torch.bfloat16)
     dec.drafter.to(torch.bfloat16)
     hidden = torch.randn(1, 4, dec.drafter.config.hidden_size, dtype=torch.bfloat16)
-    assert dec.draft_tokens(hidden).max() < 20
+    assert dec.proposer.draft_tokens(hidden).max() < 20
     # regathered from the bfloat16 head (on a CPU kept as float32, which the kernel computes in)
-    assert dec._draft_head[0][2] == torch.bfloat16
+    assert dec.proposer._draft_head[0][2] == torch.bfloat16
     rows = dec.target.lm_head_weight.index_select(0, dec.draft_ids)
-    assert torch.equal(dec._draft_head[2], rows.float() if rows.device.type == "cpu" else rows)
+    assert torch.equal(dec.proposer._draft_head[2], rows.float() if rows.device.type == "cpu" else rows)
     # and the drafts are those of the bfloat16 rows themselves (the upcast is exact)
-    assert torch.equal(dec.draft_tokens(hidden), dec.draft_ids[dec.drafter.branch_tokens(hidden, rows, len(rows))])
+    assert torch.equal(dec.proposer.draft_tokens(hidden), dec.draft_ids[dec.drafter.branch_tokens(hidden, rows, len(rows))])
     expected = hf_greedy(dec.target.model, PROMPT, 12)
     assert dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=12).token_ids == expected

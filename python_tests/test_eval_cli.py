@@ -193,12 +193,12 @@ def test_diagnose_expansion_decomposes_the_change_in_mean_accepted(setup, capsys
 
 @pytest.mark.parametrize("load,contended", [(0.0, False), (1.5, True)])
 def test_eval_says_when_a_speedup_was_timed_on_busy_cores(setup, capsys, monkeypatch, load, contended):
-    import dblast_ext.decoding as decoding
+    import dblast_ext.foreign_load as foreign_load
 
-    class Busy(decoding.Stopwatch):
+    class Busy(foreign_load.Stopwatch):
         def stop(self):
             return super().stop()[0], load
-    monkeypatch.setattr(decoding, "Stopwatch", Busy)
+    monkeypatch.setattr(foreign_load, "Stopwatch", Busy)
     out = setup[0] / f"busy-{load}"
     run_eval(setup, out, "--measure-speedup", "--all-responses")
     records = read_records(str(out / "records.jsonl"))

@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 
 pytest.importorskip("transformers")
 
-from dblast_ext.decoding import SamplingParams, TargetAdapter  # noqa: E402
+from dblast_ext.sampling import SamplingParams  # noqa: E402
+from dblast_ext.target import TargetAdapter  # noqa: E402
 from dblast_ext.eval.datasets import load_prompts  # noqa: E402
 from dblast_ext.target_loading import load_target  # noqa: E402
 from dblast_ext.training.config import TrainConfig, validate  # noqa: E402

@@ -1,9 +1,9 @@
 """`dblast calibrate`: choose the category temperature Z_T on a 10% calibration split of the
 given datasets (DBLast §4) and print the grid; `dblast eval --category-temperature calibrate`
 does the same and then evaluates on the other 90%."""
-from ..eval.calibration import DEFAULT_GRID, parse_grid
+from ..eval.calibration import DEFAULT_GRID, calibrate_category_temperature, parse_grid
 from .common import add_model_args, add_sampling_args, check_args, load_decoder
-from .evaluate import add_eval_args, calibrate_category_temperature, check_calibration_split, load_all_prompts
+from .evaluate import add_eval_args, check_calibration_split, load_all_prompts, run_spec
 
 
 def add_parser(subparsers) -> None:
@@ -30,7 +30,7 @@ def run(args) -> int:
     prompts = load_all_prompts(args)
     check_calibration_split(args, prompts)
     decoder, tokenizer = load_decoder(args)
-    best, _, result = calibrate_category_temperature(args, decoder, tokenizer, prompts, args.out, grid)
+    best, _, result = calibrate_category_temperature(decoder, tokenizer, prompts, args.out, grid, run_spec(args))
     print("| Z_T | macro expected accepted |\n| ---: | ---: |")
     for z, score in zip(result["grid"], result["scores"]):
         print(f"| {z}{' (chosen)' if z == best else ''} | {score:.4f} |")

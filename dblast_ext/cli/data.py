@@ -3,7 +3,7 @@ itself (its filtered distribution, with the per-token probabilities the losses n
 resumable JSONL file; see dblast_ext.training.data for the format."""
 import os
 
-from ..decoding import SamplingParams
+from ..sampling import SamplingParams
 from ..eval.datasets import load_dataset_list
 from ..target_loading import load_target
 from ..training.data import check_existing, generate_training_data, sampling_settings

@@ -10,7 +10,8 @@ from ..embedded_drafters import EMBEDDED_DRAFTERS
 from ..target_loading import TextStream, encode_messages, stop_token_ids
 from .common import add_draft_vocab_arg, add_runtime_args, add_sampling_args, check_args, load_decoder, sampling_of
 from ..eval.metrics import speedup_ratio
-from ..foreign_load import contention_warning
+from ..eval.contention import contention_warning
+from ..foreign_load import timed
 from .display import acceptance_histogram, committed_length, rate
 
 DEMO_PROMPTS = (
@@ -64,24 +65,24 @@ def run(args) -> int:
         run_kwargs = dict(sampling=sampling, max_new_tokens=args.max_new_tokens, stop_token_ids=stops,
                           seed=args.seed + i)
         stream = TextStream(tokenizer, lambda piece: (out.write(piece), out.flush()))
-        result = decoder.generate(ids, **run_kwargs, on_tokens=stream)
+        result, timing = timed(decoder.generate, ids, **run_kwargs, on_tokens=stream)
         cycles = [c.num_accepted for c in result.cycles]
         accepted += cycles
         draft_time += sum(c.draft_time for c in result.cycles)
         verify_time += sum(c.verify_time for c in result.cycles)
         spec_tokens += len(result.token_ids)
-        spec_time += result.wall_time
-        loads.append(result.foreign_load)
-        line = f"\n    -> {rate(len(result.token_ids), result.wall_time)}"
+        spec_time += timing.wall_time
+        loads.append(timing.foreign_load)
+        line = f"\n    -> {rate(len(result.token_ids), timing.wall_time)}"
         if cycles:
             line += f", committed length {committed_length(cycles):.2f} tokens per target pass"
         if not args.no_compare:
-            base = decoder.generate_autoregressive(ids, **run_kwargs)
+            base, base_timing = timed(decoder.generate_autoregressive, ids, **run_kwargs)
             ar_tokens += len(base.token_ids)
-            ar_time += base.wall_time
-            loads.append(base.foreign_load)
-            ratio = speedup_ratio(len(base.token_ids), base.wall_time, len(result.token_ids), result.wall_time)
-            line += f"; target alone {len(base.token_ids) / base.wall_time:.1f} tok/s, speed-up {ratio:.2f}x"
+            ar_time += base_timing.wall_time
+            loads.append(base_timing.foreign_load)
+            ratio = speedup_ratio(len(base.token_ids), base_timing.wall_time, len(result.token_ids), timing.wall_time)
+            line += f"; target alone {len(base.token_ids) / base_timing.wall_time:.1f} tok/s, speed-up {ratio:.2f}x"
         print(line + "\n", file=out)
 
     if accepted:
@@ -105,12 +106,12 @@ def run(args) -> int:
 
 
 def cheaper_cycle_hint(device_type: str, speedup: float, draft_vocab, block_size) -> str:
-    """Below 1x on a CPU, the flags that cheapen a cycle there (measured in README, Results),
+    """Below 1x on a CPU, the flags that cheapen a cycle there (measured in results/smollm2/README.md),
     unless the run already uses them; "" otherwise."""
     if device_type != "cpu" or speedup >= 1.0 or (draft_vocab is not None and block_size is not None):
         return ""
     return ("on a CPU a cycle costs less with a draft vocabulary and a shorter block at about the same "
-            "acceptance: try --draft-vocab 8192 --block-size 8 (0.57x -> 0.87x on a 2-core CPU; README, Results)")
+            "acceptance: try --draft-vocab 8192 --block-size 8 (0.57x -> 0.87x on a 2-core CPU; results/smollm2/README.md)")
 
 
 def cycle_cost_line(cycles: int, committed: float, draft_time: float, verify_time: float, step_time: float) -> str:

@@ -17,20 +17,21 @@ import json
 import os
 import sys
 
-from ..decoding import TargetAdapter
+from ..target import TargetAdapter
 from ..drafter_io import checkpoint_digest
-from ..eval.determinism import (baseline_points, bin_by_determinism, determinism_points, relative_gain,
-                                 target_responses)
-from ..eval.metrics import expansion_decomposition, first_draft_accepted, kept_records
-from ..eval.oracle import oracle_records
+from ..eval.determinism import (baseline_points, bin_by_determinism, determinism_points, determinism_table,
+                                 relative_gain, target_responses)
+from ..eval.metrics import expansion_decomposition, first_draft_accepted
+from ..eval.oracle import oracle_records, summarize_oracle
 from ..eval.records import read_run_records
-from ..eval.report import PLOTS_SKIPPED, plot_histograms, pyplot, summarize_run
+from ..eval.runner import evaluate, run_settings
+from ..eval.report import PLOTS_SKIPPED, plot_determinism, plot_histograms, summarize_run
 from ..target_loading import default_device, load_target, stop_token_ids
 from .common import (add_category_temperature_arg, add_model_args, add_sampling_args, add_target_args, check_args,
                      check_sampling_args, check_target_args, load_decoder, load_second_decoder, read_checkpoint_config,
                      sampling_of)
 from .display import acceptance_histogram
-from .evaluate import add_eval_args, generate_records, load_all_prompts, model_name, run_settings
+from .evaluate import add_eval_args, load_all_prompts, model_name, run_spec
 
 
 def add_parser(subparsers) -> None:
@@ -134,9 +135,8 @@ def run_expansion(args) -> int:
         decoder.drafter.config.block_size = block
         args.block_size = block
         print(f"expansion: block {block} ({label})", file=sys.stderr)
-        runs[label], _ = generate_records(args, decoder, tokenizer, prompts,
-                                          os.path.join(args.out, f"records_block{block}.jsonl"),
-                                          args.category_temperature)
+        runs[label], _ = evaluate(decoder, tokenizer, prompts, os.path.join(args.out, f"records_block{block}.jsonl"),
+                                  run_spec(args), category_temperature=args.category_temperature)
     # a dataset either run cannot summarise (e.g. no response ended with EOS) is reported, not fatal
     results = [summarize_run(runs[k], eos_only=not args.all_responses, n_boot=1) for k in ("trained", "wider")]
     rows = []
@@ -178,7 +178,7 @@ def run_determinism(args) -> int:
     decoder, tokenizer = load_decoder(args, args.category_temperature)
     sampling = sampling_of(args)
     # what the responses and points depend on (not --truncations: a larger one extends a run)
-    settings = dict(run_settings(args, args.category_temperature, decoder, measure_speedup=False),
+    settings = dict(run_settings(decoder, run_spec(args), args.category_temperature, measure_speedup=False),
                     datasets=args.datasets, num_prompts=args.num_prompts, samples=args.samples)
     responses = target_responses(decoder, tokenizer, prompts, os.path.join(args.out, "responses.jsonl"),
                                  sampling=sampling, max_new_tokens=args.max_new_tokens, seed=args.seed,
@@ -194,7 +194,7 @@ def run_determinism(args) -> int:
     if args.baseline is not None:
         second = load_second_decoder(args, decoder, args.baseline, args.category_temperature)
         baseline_settings = dict(settings, drafter=model_name(args.baseline),
-                                 drafter_digest=checkpoint_digest(args.baseline), branches=second.drafter.num_branches)
+                                 drafter_digest=checkpoint_digest(args.baseline), branches=second.proposer.num_branches)
         others = baseline_points(second, responses, points, os.path.join(args.out, "baseline_points.jsonl"),
                                  sampling=sampling, seed=args.seed, settings=baseline_settings,
                                  progress=not args.no_progress)
@@ -218,25 +218,6 @@ def drafter_label(path: str) -> str:
     return os.path.basename(os.path.normpath(model_name(path)))
 
 
-def determinism_table(arms, gains=None) -> str:
-    """Per determinism bin: the points, each arm's mean expected accepted length +- its standard
-    error, and with a baseline (the second arm) the first arm's relative gain over it (`gains`)."""
-    def cell(b):
-        if b["mean"] is None:
-            return "-"
-        return f"{b['mean']:.3f}" + (f" +- {b['sem']:.3f}" if b["sem"] is not None else "")
-    header = ["early determinism", "truncation points"] + [f"{name}: mean expected accepted" for name, _ in arms]
-    if gains is not None:
-        header.append(f"gain of {arms[0][0]}")
-    lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
-    for k, b in enumerate(arms[0][1]):
-        row = [f"({b['bin'][0]:.1f}, {b['bin'][1]:.1f}]", str(b["count"])] + [cell(bins[k]) for _, bins in arms]
-        if gains is not None:
-            row.append("-" if gains[k] is None else f"{100 * gains[k]:+.0f}%")
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
-
-
 def run_oracle(args) -> int:
     check_sampling_args(args)
     if args.block_size < 2:
@@ -254,12 +235,7 @@ def run_oracle(args) -> int:
                              max_new_tokens=args.max_new_tokens, seed=args.seed,
                              stop_token_ids=stop_token_ids(model, tokenizer), settings=settings,
                              progress=not args.no_progress)
-    result = summarize_run(records, eos_only=not args.all_responses)
-    for name, s in result["datasets"].items():
-        # token-pooled over the responses the statistics use (tau is a prompt mean)
-        used = kept_records([r for r in records if r["dataset"] == name], eos_only=not args.all_responses)
-        probabilities = [p for r in used for p in r["top_probability"]]
-        s["top_probability"] = sum(probabilities) / len(probabilities) if probabilities else None
+    result = summarize_oracle(records, eos_only=not args.all_responses)
     try:
         plot_histograms(args.out, result["datasets"], ", top-token oracle")
     except ImportError:
@@ -283,33 +259,3 @@ def run_oracle(args) -> int:
         f.write(table + "\n")
     print(table)
     return 0
-
-
-def plot_determinism(path, arms, gains=None) -> None:
-    """Bars of mean expected accepted length (+- one standard error) per determinism bin, one
-    bar per arm side by side; with a baseline, the first arm's relative gain above each pair."""
-    try:
-        plt = pyplot()
-    except ImportError:
-        return
-    bins = arms[0][1]
-    labels = [f"({b['bin'][0]:.1f}, {b['bin'][1]:.1f}]\nn={b['count']}" for b in bins]
-    width = 0.8 / len(arms)
-    colors = ["#4c72b0", "#dd8452"]
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for a, (name, arm_bins) in enumerate(arms):
-        x = [k + (a - (len(arms) - 1) / 2) * width for k in range(len(bins))]
-        ax.bar(x, [b["mean"] or 0.0 for b in arm_bins], width, yerr=[b["sem"] or 0.0 for b in arm_bins], capsize=3,
-               color=colors[a % len(colors)], label=name)
-    if gains is not None:
-        for k, (gain, b, base) in enumerate(zip(gains, arms[0][1], arms[1][1])):
-            if gain is not None:
-                top = max(b["mean"] + (b["sem"] or 0.0), base["mean"] + (base["sem"] or 0.0))
-                ax.annotate(f"{100 * gain:+.0f}%", (k, top), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(bins)), labels, fontsize=8)
-    ax.set_xlabel("target-block early determinism (truncation points per bin)")
-    ax.set_ylabel("expected accepted length")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -2,23 +2,17 @@
 summary.json, a Markdown report and PNG plots into --out. With
 `--category-temperature calibrate`, Z_T is first chosen on a 10% calibration split and
 the report covers the other 90%."""
-import json
 import os
 import sys
 
-import torch
-
 from ..drafter_io import checkpoint_digest
 from ..embedded_drafters import resolve_drafter
-from ..eval.calibration import DEFAULT_GRID, calibrate, parse_grid, split_prompts
+from ..eval.calibration import (CALIBRATION_FRACTION, DEFAULT_GRID, calibrate_category_temperature, parse_grid,
+                                split_prompts)
 from ..eval.datasets import load_dataset_list
-from ..eval.report import contention_lines, pyplot, write_report
-from ..eval.runner import run_prompts
-from ..eval.datasets import chat_messages
-from ..target_loading import encode_messages
+from ..eval.report import contention_lines, write_report
+from ..eval.runner import RunSpec, evaluate
 from .common import add_model_args, add_sampling_args, check_args, load_decoder, sampling_of
-
-CALIBRATION_FRACTION = 0.1  # of each dataset's prompts, held out to choose Z_T on
 
 
 def add_parser(subparsers) -> None:
@@ -78,76 +72,11 @@ def model_name(path: str) -> str:
     return path if path == "default" or resolve_drafter(path) != path else os.path.abspath(path)
 
 
-def run_settings(args, category_temperature: float, decoder, measure_speedup: bool) -> dict:
-    settings = {"target": model_name(args.target), "drafter": model_name(args.drafter),
-                "drafter_digest": checkpoint_digest(args.drafter),
-                "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-                "branches": decoder.drafter.num_branches, "block_size": decoder.drafter.config.block_size,
-                "category_temperature": category_temperature, "max_new_tokens": args.max_new_tokens,
-                "seed": args.seed, "measure_speedup": measure_speedup, "kernels": not args.no_kernels}
-    if decoder.draft_ids is not None:  # only when set: records made before the option resume as they are
-        settings["draft_vocab"] = len(decoder.draft_ids)
-    # where the target runs changes timings (and numerics): a resumed run must not pool two.
-    # Recorded where they differ from a CPU float32 run, so records made before they were (all
-    # CPU, float32) resume as they are
-    model = decoder.target.model
-    if model.dtype != torch.float32:
-        settings["dtype"] = str(model.dtype).removeprefix("torch.")
-    if decoder.target.device.type != "cpu":
-        settings["device"] = decoder.target.device.type
-    return settings
-
-
-def generate_records(args, decoder, tokenizer, prompts, records_path, category_temperature: float,
-                     measure_speedup: bool = False):
-    decoder.category_temperature = category_temperature
-    settings = run_settings(args, category_temperature, decoder, measure_speedup)
-    if measure_speedup and prompts:
-        decoder.warm_up(encode_messages(tokenizer, chat_messages(prompts[0])), sampling_of(args))
-    records = run_prompts(decoder, tokenizer, prompts, records_path, sampling=sampling_of(args),
-                          max_new_tokens=args.max_new_tokens, seed=args.seed, settings=settings,
-                          measure_speedup=measure_speedup, progress=not args.no_progress)
-    return records, settings
-
-
-def calibrate_category_temperature(args, decoder, tokenizer, prompts, out_dir, grid):
-    """Runs the calibration split at every grid value (records kept under out_dir, so this
-    resumes too) and returns (chosen Z_T, the evaluation split, the calibration result)."""
-    calibration_prompts, evaluation_prompts = split_prompts(prompts, CALIBRATION_FRACTION, args.seed)
-    os.makedirs(out_dir, exist_ok=True)
-    if decoder.drafter.num_branches == 1:
-        # one branch: Z_T changes nothing, so nothing to run; the split is still held out, so a
-        # K = 1 baseline reports on the same prompts as the K > 1 drafters it is compared with
-        print(f"calibration: K = 1, Z_T has no effect; {len(calibration_prompts)} prompts held out", file=sys.stderr)
-        return 1.0, evaluation_prompts, None
-
-    def run_at(z):
-        print(f"calibration: Z_T = {z} on {len(calibration_prompts)} prompts", file=sys.stderr)
-        return generate_records(args, decoder, tokenizer, calibration_prompts,
-                                os.path.join(out_dir, f"zt_{z}.jsonl"), z)[0]
-
-    result = calibrate(run_at, grid)
-    result["calibration_prompts"] = [[p.dataset, p.prompt_id] for p in calibration_prompts]
-    with open(os.path.join(out_dir, "calibration.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    plot_calibration(os.path.join(out_dir, "calibration.png"), result)
-    return result["best"], evaluation_prompts, result
-
-
-def plot_calibration(path, result) -> None:
-    try:
-        plt = pyplot()
-    except ImportError:
-        return
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(result["grid"], result["scores"], marker="o")
-    ax.axvline(result["best"], color="#c44e52", linestyle="--", label=f"chosen Z_T = {result['best']}")
-    ax.set_xlabel("category temperature Z_T")
-    ax.set_ylabel("macro expected accepted length")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def run_spec(args) -> RunSpec:
+    """The run's names, filter, limit and seed, from the flags."""
+    return RunSpec(target=model_name(args.target), drafter=model_name(args.drafter),
+                   drafter_digest=checkpoint_digest(args.drafter), sampling=sampling_of(args),
+                   max_new_tokens=args.max_new_tokens, seed=args.seed, progress=not args.no_progress)
 
 
 def run(args) -> int:
@@ -169,13 +98,14 @@ def run(args) -> int:
     decoder, tokenizer = load_decoder(args)
     calibration = None
     if calibrating:
-        z, prompts, calibration = calibrate_category_temperature(args, decoder, tokenizer, prompts,
-                                                                 os.path.join(args.out, "calibration"), grid)
+        z, prompts, calibration = calibrate_category_temperature(decoder, tokenizer, prompts,
+                                                                 os.path.join(args.out, "calibration"), grid,
+                                                                 run_spec(args))
         if calibration:
             print(f"calibration: chose Z_T = {z} (macro expected accepted {max(calibration['scores']):.3f}); "
                   f"evaluating on the other {len(prompts)} prompts", file=sys.stderr)
-    records, settings = generate_records(args, decoder, tokenizer, prompts, os.path.join(args.out, "records.jsonl"),
-                                         z, args.measure_speedup)
+    records, settings = evaluate(decoder, tokenizer, prompts, os.path.join(args.out, "records.jsonl"),
+                                 run_spec(args), category_temperature=z, measure_speedup=args.measure_speedup)
     if calibrating:
         settings = dict(settings, category_temperature=f"{z} (calibrated on a 10% split)" if calibration
                         else "K = 1 (none; the 10% calibration split held out)")

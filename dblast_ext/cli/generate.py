@@ -8,7 +8,8 @@ from ..target_loading import TextStream, encode_prompt, stop_token_ids
 from .common import (add_category_temperature_arg, add_model_args, add_sampling_args, check_args, load_decoder,
                      sampling_of)
 from ..eval.metrics import speedup_ratio
-from ..foreign_load import contention_warning
+from ..eval.contention import contention_warning
+from ..foreign_load import timed
 from .display import acceptance_histogram, committed_length, rate
 
 
@@ -46,14 +47,14 @@ def run(args) -> int:
         decoder.warm_up(ids, sampling, stop_token_ids=stops)
 
     stream = None if args.json else TextStream(tokenizer, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
-    out = decoder.generate(ids, **run_kwargs, on_tokens=stream)
+    out, timing = timed(decoder.generate, ids, **run_kwargs, on_tokens=stream)
     if stream:
         sys.stdout.write("\n")
     accepted = [c.num_accepted for c in out.cycles]
     new_tokens = len(out.token_ids)
     figures = {
-        "new_tokens": new_tokens, "stopped_by_eos": out.stopped_by_eos, "wall_time": out.wall_time,
-        "foreign_load": out.foreign_load,
+        "new_tokens": new_tokens, "stopped_by_eos": out.stopped_by_eos, "wall_time": timing.wall_time,
+        "foreign_load": timing.foreign_load,
         "cycles": len(accepted), "accepted": accepted,
         # committed per target pass: n + 1 per cycle; the prefill's first token is not a cycle's
         "committed_length": committed_length(accepted) if accepted else None,
@@ -62,16 +63,17 @@ def run(args) -> int:
         "draft_vocab": None if decoder.draft_ids is None else len(decoder.draft_ids),
     }
     if args.compare_ar:
-        base = decoder.generate_autoregressive(ids, **run_kwargs)
-        figures.update(ar_new_tokens=len(base.token_ids), ar_wall_time=base.wall_time, ar_foreign_load=base.foreign_load,
-                       speedup=speedup_ratio(len(base.token_ids), base.wall_time, new_tokens, out.wall_time))
+        base, base_timing = timed(decoder.generate_autoregressive, ids, **run_kwargs)
+        figures.update(ar_new_tokens=len(base.token_ids), ar_wall_time=base_timing.wall_time,
+                       ar_foreign_load=base_timing.foreign_load,
+                       speedup=speedup_ratio(len(base.token_ids), base_timing.wall_time, new_tokens, timing.wall_time))
 
     if args.json:
         figures.update(text=tokenizer.decode(out.token_ids, skip_special_tokens=True), token_ids=out.token_ids)
         print(json.dumps(figures))
         return 0
     err = sys.stderr
-    print(f"--- {rate(new_tokens, out.wall_time)}" + (", stopped at end-of-sequence" if out.stopped_by_eos else ""),
+    print(f"--- {rate(new_tokens, timing.wall_time)}" + (", stopped at end-of-sequence" if out.stopped_by_eos else ""),
           file=err)
     if accepted:
         print(f"--- {len(accepted)} cycles, committed length {figures['committed_length']:.2f} tokens per target "
@@ -82,7 +84,7 @@ def run(args) -> int:
     if args.compare_ar:
         print(f"--- target alone: {rate(figures['ar_new_tokens'], figures['ar_wall_time'])}; "
               f"speed-up {figures['speedup']:.2f}x", file=err)
-        warning = contention_warning([out.foreign_load, base.foreign_load])
+        warning = contention_warning([timing.foreign_load, base_timing.foreign_load])
         if warning:
             print(f"--- {warning}", file=err)
     return 0

@@ -1,13 +1,20 @@
 """Category-temperature calibration (DBLast §4): choose Z_T from a grid on a disjoint
 calibration split (10% of each dataset's prompts) by macro-average expected accepted
 length, then report on the other 90%."""
+import json
+import os
 import random
+import sys
 import zlib
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .datasets import Prompt
+from ..prompts import Prompt
+from .report import plot_calibration
+from .runner import evaluate
+
+CALIBRATION_FRACTION = 0.1  # of each dataset's prompts, held out to choose Z_T on
 
 DEFAULT_GRID = tuple(round(0.2 * i, 1) for i in range(8))  # 0.0, 0.2, ..., 1.4
 
@@ -68,3 +75,33 @@ def parse_grid(spec: str) -> List[float]:
     if grid[0] < 0:
         raise ValueError(f"--grid values are category temperatures, >= 0; got {grid[0]}")
     return grid
+
+
+def calibrate_category_temperature(decoder, tokenizer, prompts: Sequence[Prompt], out_dir: str,
+                                   grid: Sequence[float], spec, log: Callable[[str], None] = None
+                                   ) -> Tuple[float, List[Prompt], Optional[Dict]]:
+    """Runs the calibration split (`CALIBRATION_FRACTION` of each dataset, seeded by the run
+    seed) at every grid value, its records kept under `out_dir` so that this resumes too, and
+    returns (chosen Z_T, the evaluation split, the calibration result; None for a K = 1
+    drafter, where Z_T changes nothing and nothing runs). `spec`: the run's eval.runner.RunSpec;
+    `log`: progress lines (default: standard error)."""
+    log = log or (lambda line: print(line, file=sys.stderr))
+    calibration_prompts, evaluation_prompts = split_prompts(prompts, CALIBRATION_FRACTION, spec.seed)
+    os.makedirs(out_dir, exist_ok=True)
+    if decoder.proposer.num_branches == 1:
+        # the split is still held out, so a K = 1 baseline reports on the same prompts as the
+        # K > 1 drafters it is compared with
+        log(f"calibration: K = 1, Z_T has no effect; {len(calibration_prompts)} prompts held out")
+        return 1.0, evaluation_prompts, None
+
+    def run_at(z):
+        log(f"calibration: Z_T = {z} on {len(calibration_prompts)} prompts")
+        return evaluate(decoder, tokenizer, calibration_prompts, os.path.join(out_dir, f"zt_{z}.jsonl"), spec,
+                        category_temperature=z)[0]
+
+    result = calibrate(run_at, grid)
+    result["calibration_prompts"] = [[p.dataset, p.prompt_id] for p in calibration_prompts]
+    with open(os.path.join(out_dir, "calibration.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    plot_calibration(os.path.join(out_dir, "calibration.png"), result)
+    return result["best"], evaluation_prompts, result

@@ -22,21 +22,12 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
+
+from ..prompts import Prompt, chat_messages
 
 __all__ = ["Prompt", "DATASETS", "load_prompts", "parse_dataset_list", "load_dataset_list", "chat_messages"]
-
-
-@dataclass
-class Prompt:
-    """One evaluation prompt: the user turns of a single conversation."""
-
-    dataset: str          # "gsm8k", "math500", "humaneval", "mtbench", or the user file's stem
-    prompt_id: str        # stable id unique within the dataset
-    turns: List[str]      # user turns; two for MT-Bench, else one
-    category: Optional[str] = None  # MT-Bench category, MATH subject, or None
 
 
 DATASETS = ("gsm8k", "math500", "humaneval", "mtbench")
@@ -272,24 +263,3 @@ def load_dataset_list(spec: str, *, limit: Optional[int] = None) -> List[Prompt]
     for name in parse_dataset_list(spec):
         prompts += load_prompts(name, limit=limit)
     return prompts
-
-
-def chat_messages(prompt: Prompt, turn: int = 0,
-                  previous_answers: Sequence[str] = ()) -> List[dict]:
-    """Messages for the chat template at user turn `turn`.
-
-    User turns 0..turn, each of the first `turn` followed by the model's answer to it,
-    so the last message is always the user turn being asked.
-    """
-    if not 0 <= turn < len(prompt.turns):
-        raise ValueError(f"{prompt.dataset}/{prompt.prompt_id} has {len(prompt.turns)} "
-                         f"turn(s); turn {turn} is out of range")
-    if isinstance(previous_answers, str) or len(previous_answers) != turn:
-        got = "a string" if isinstance(previous_answers, str) else f"{len(previous_answers)}"
-        raise ValueError(f"turn {turn} needs exactly {turn} previous answer(s), got {got}")
-    messages = []
-    for t in range(turn + 1):
-        messages.append({"role": "user", "content": prompt.turns[t]})
-        if t < turn:
-            messages.append({"role": "assistant", "content": previous_answers[t]})
-    return messages

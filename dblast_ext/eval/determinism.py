@@ -18,11 +18,13 @@ import numpy as np
 import torch
 
 from .. import reference
-from ..decoding import SamplingParams, SpeculativeDecoder, TargetAdapter
+from ..decoding import SpeculativeDecoder
+from ..sampling import SamplingParams
+from ..target import TargetAdapter
 from ..jsonl import read_jsonl
 from ..progress import progress_bar
 from ..target_loading import encode_messages
-from .datasets import Prompt, chat_messages
+from ..prompts import Prompt, chat_messages
 from .records import append_record, read_done_records
 from .runner import response_seed
 
@@ -123,7 +125,7 @@ def determinism_points(decoder: SpeculativeDecoder, responses: Sequence[Tuple[Li
     `path`; points already there are not recomputed (the points drawn do not depend on
     `truncations`, so a larger one extends a finished run)."""
     done = read_done_records(path, settings, lambda r: r["index"], read=read_lines)
-    num_draft = decoder.drafter.config.block_size - 1
+    num_draft = decoder.proposer.block_size - 1
     rng = random.Random(seed)
     points = []
     for k in range(truncations):
@@ -178,3 +180,22 @@ def relative_gain(mean: Optional[float], baseline: Optional[float]) -> Optional[
     if mean is None or baseline is None or baseline <= 0:
         return None
     return (mean - baseline) / baseline
+
+
+def determinism_table(arms, gains=None) -> str:
+    """Per determinism bin: the points, each arm's mean expected accepted length +- its standard
+    error, and with a baseline (the second arm) the first arm's relative gain over it (`gains`)."""
+    def cell(b):
+        if b["mean"] is None:
+            return "-"
+        return f"{b['mean']:.3f}" + (f" +- {b['sem']:.3f}" if b["sem"] is not None else "")
+    header = ["early determinism", "truncation points"] + [f"{name}: mean expected accepted" for name, _ in arms]
+    if gains is not None:
+        header.append(f"gain of {arms[0][0]}")
+    lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
+    for k, b in enumerate(arms[0][1]):
+        row = [f"({b['bin'][0]:.1f}, {b['bin'][1]:.1f}]", str(b["count"])] + [cell(bins[k]) for _, bins in arms]
+        if gains is not None:
+            row.append("-" if gains[k] is None else f"{100 * gains[k]:+.0f}%")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)

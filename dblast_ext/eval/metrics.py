@@ -17,7 +17,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from ..foreign_load import CONTENTION_LIMIT, is_contended
+from .contention import is_contended
 
 CI_LEVEL = 0.95
 

@@ -15,11 +15,15 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from ..decoding import GenerationOutput, SamplingParams, TargetAdapter, sample_autoregressive
+from ..decoding import GenerationOutput, sample_autoregressive
+from ..sampling import SamplingParams
+from ..target import TargetAdapter
 from ..progress import progress_bar
 from ..target_loading import encode_messages
-from .datasets import Prompt, chat_messages
+from ..prompts import Prompt, chat_messages
+from .metrics import kept_records
 from .records import append_record, read_done_records
+from .report import summarize_run
 from .runner import response_seed
 
 
@@ -86,3 +90,14 @@ def oracle_records(target: TargetAdapter, tokenizer, prompts: Sequence[Prompt], 
         bar.update(1)
     bar.close()
     return records
+
+
+def summarize_oracle(records: Sequence[dict], *, eos_only: bool = True) -> dict:
+    """summarize_run of the oracle's records, each dataset with the mean top-token probability
+    (pooled over the tokens of the responses the statistics use; tau is a prompt mean)."""
+    result = summarize_run(records, eos_only=eos_only)
+    for name, s in result["datasets"].items():
+        used = kept_records([r for r in records if r["dataset"] == name], eos_only=eos_only)
+        probabilities = [p for r in used for p in r["top_probability"]]
+        s["top_probability"] = sum(probabilities) / len(probabilities) if probabilities else None
+    return result

@@ -1,4 +1,4 @@
-"""Evaluation records: one JSONL line per generated response (DESIGN.md, evaluation).
+"""Evaluation records: one JSONL line per generated response (docs/evaluation.md).
 
 Fields: `prompt_id`, `dataset`, `turn`, `accepted` (n per cycle, 0..b: the cycle committed n + 1
 tokens, so a response's last cycle counts only the tokens it kept), `expected_accepted`
@@ -8,27 +8,31 @@ tokens, so a response's last cycle counts only the tokens it kept), `expected_ac
 where the platform tells), the response `text`, and `settings` (the run's flags)."""
 import json
 import os
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..decoding import GenerationOutput
+from ..foreign_load import Timing
 from ..jsonl import append_jsonl, read_jsonl
 
 
-def make_record(*, dataset: str, prompt_id: str, turn: int, output: GenerationOutput, block_size: int,
-                settings: dict, text: str, baseline: Optional[GenerationOutput] = None) -> dict:
+def make_record(*, dataset: str, prompt_id: str, turn: int, output: GenerationOutput, timing: Timing,
+                block_size: int, settings: dict, text: str,
+                baseline: Optional[Tuple[GenerationOutput, Timing]] = None) -> dict:
+    """`timing`: the speculative run's; `baseline`: the target-only run and its timing, when measured."""
     record = {
         "dataset": dataset, "prompt_id": str(prompt_id), "turn": turn,
         "accepted": [c.num_accepted for c in output.cycles],
         "expected_accepted": [round(c.expected_accepted, 6) for c in output.cycles],
         "block_size": block_size, "eos_terminated": bool(output.stopped_by_eos),
-        "new_tokens": len(output.token_ids), "wall_time": output.wall_time, "text": text, "settings": settings,
+        "new_tokens": len(output.token_ids), "wall_time": timing.wall_time, "text": text, "settings": settings,
     }
-    if output.foreign_load is not None:
-        record["foreign_load"] = round(output.foreign_load, 4)
+    if timing.foreign_load is not None:
+        record["foreign_load"] = round(timing.foreign_load, 4)
     if baseline is not None:
-        record.update(ar_wall_time=baseline.wall_time, ar_new_tokens=len(baseline.token_ids))
-        if baseline.foreign_load is not None:
-            record["ar_foreign_load"] = round(baseline.foreign_load, 4)
+        base, base_timing = baseline
+        record.update(ar_wall_time=base_timing.wall_time, ar_new_tokens=len(base.token_ids))
+        if base_timing.foreign_load is not None:
+            record["ar_foreign_load"] = round(base_timing.foreign_load, 4)
     return record
 
 

@@ -5,7 +5,7 @@ import json
 import os
 from typing import Dict, List, Optional, Sequence
 
-from ..foreign_load import CONTENTION_LIMIT
+from .contention import CONTENTION_LIMIT
 from .metrics import macro_average, summarize
 
 MACRO_KEYS = ("tau", "cycle_mean", "ceiling_fraction", "expected_accepted", "speedup")
@@ -156,3 +156,51 @@ def plot_histograms(out_dir: str, summaries: Dict[str, Dict], label: str = "") -
     for name, s in summaries.items():
         plot_histogram(os.path.join(out_dir, f"histogram_{slug(name)}.png"), s["histogram"],
                        f"{name}{label}: ceiling {100 * s['ceiling_fraction']:.1f}%, tau {s['tau']:.2f}")
+
+
+def plot_calibration(path: str, result: Dict) -> None:
+    """Macro expected accepted length over the Z_T grid, the chosen Z_T marked (no plot
+    without matplotlib)."""
+    try:
+        plt = pyplot()
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(result["grid"], result["scores"], marker="o")
+    ax.axvline(result["best"], color="#c44e52", linestyle="--", label=f"chosen Z_T = {result['best']}")
+    ax.set_xlabel("category temperature Z_T")
+    ax.set_ylabel("macro expected accepted length")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_determinism(path, arms, gains=None) -> None:
+    """Bars of mean expected accepted length (+- one standard error) per determinism bin, one
+    bar per arm side by side; with a baseline, the first arm's relative gain above each pair."""
+    try:
+        plt = pyplot()
+    except ImportError:
+        return
+    bins = arms[0][1]
+    labels = [f"({b['bin'][0]:.1f}, {b['bin'][1]:.1f}]\nn={b['count']}" for b in bins]
+    width = 0.8 / len(arms)
+    colors = ["#4c72b0", "#dd8452"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for a, (name, arm_bins) in enumerate(arms):
+        x = [k + (a - (len(arms) - 1) / 2) * width for k in range(len(bins))]
+        ax.bar(x, [b["mean"] or 0.0 for b in arm_bins], width, yerr=[b["sem"] or 0.0 for b in arm_bins], capsize=3,
+               color=colors[a % len(colors)], label=name)
+    if gains is not None:
+        for k, (gain, b, base) in enumerate(zip(gains, arms[0][1], arms[1][1])):
+            if gain is not None:
+                top = max(b["mean"] + (b["sem"] or 0.0), base["mean"] + (base["sem"] or 0.0))
+                ax.annotate(f"{100 * gain:+.0f}%", (k, top), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(bins)), labels, fontsize=8)
+    ax.set_xlabel("target-block early determinism (truncation points per bin)")
+    ax.set_ylabel("expected accepted length")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

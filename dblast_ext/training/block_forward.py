@@ -4,7 +4,7 @@ A block starts at an anchor a (a committed token): positions a..a+B-1 hold [x_a,
 and position k predicts x_{a+k}. Its queries see the context features strictly before the
 anchor and their own block (in a sliding-window or causal layer, only the keys
 `reference.key_visible` allows), and no other block: the attention the inference pass has
-after committing x_0..x_a (DESIGN.md, Drafter), so one training pass serves M blocks. The
+after committing x_0..x_a (docs/design.md, the drafter), so one training pass serves M blocks. The
 mask is dense and goes through scaled_dot_product_attention on every device.
 """
 from typing import Dict
@@ -63,11 +63,10 @@ def drafter_block_hidden(drafter: DBlastDrafter, block_embeddings: torch.Tensor,
             masks[kind] = training_attention_mask(anchors, context_len, c.block_size, *kind)[:, None]
         attn = layer.self_attn
         k_ctx, v_ctx = attn.project_keys_values(context, ctx_rope)
-        x = layer.input_layernorm(h)
-        q = attn.project_queries(x, blk_rope)
-        k_blk, v_blk = attn.project_keys_values(x, blk_rope)
-        out = F.scaled_dot_product_attention(q, torch.cat([k_ctx, k_blk], 2), torch.cat([v_ctx, v_blk], 2),
-                                             attn_mask=masks[kind], enable_gqa=attn.heads != attn.kv_heads)
-        h = h + attn.o_proj(out.transpose(1, 2).reshape(rows, h.shape[1], -1))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+
+        def attend(q, k_blk, v_blk, k_ctx=k_ctx, v_ctx=v_ctx, mask=masks[kind], gqa=attn.heads != attn.kv_heads):
+            return F.scaled_dot_product_attention(q, torch.cat([k_ctx, k_blk], 2), torch.cat([v_ctx, v_blk], 2),
+                                                  attn_mask=mask, enable_gqa=gqa)
+
+        h = layer(h, blk_rope, attend)
     return drafter.norm(h)

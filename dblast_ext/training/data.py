@@ -41,8 +41,9 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from .. import reference
-from ..decoding import SamplingParams, cache_argument, last_position_logits_arguments
-from ..eval.datasets import Prompt, chat_messages
+from ..sampling import SamplingParams
+from ..target import cache_argument, last_position_logits_arguments
+from ..prompts import Prompt, chat_messages
 from ..jsonl import append_jsonl, read_jsonl
 from ..progress import progress_bar
 from ..target_loading import encode_messages, stop_token_ids

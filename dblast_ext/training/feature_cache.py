@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..decoding import last_position_logits_arguments
+from ..target import last_position_logits_arguments
 from ..progress import progress_bar
 
 __all__ = ["FeatureCache", "cache_key"]

@@ -5,7 +5,7 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
-from ..decoding import TargetAdapter, last_position_logits_arguments
+from ..target import TargetAdapter, last_position_logits_arguments
 from ..drafter import DBlastDrafter
 from .block_forward import block_inputs, drafter_block_hidden
 from .losses import accepted_length_proxy, accepted_length_surrogate, gather_branch_logprobs, nll_independent, \

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from ..decoding import TargetAdapter
+from ..target import TargetAdapter
 from ..drafter import DBlastDrafter, DrafterConfig
 from ..drafter_io import check_against_target, load_drafter, save_pretrained
 from ..progress import progress_bar

@@ -1,0 +1,122 @@
+"""The proposer seam: what the decode loop asks of a drafter, once per cycle.
+
+Given the anchor (the last committed token), the target features of the committed tokens the
+proposer has not seen yet and its own cache, a proposer returns a `Proposal`: the greedy token
+of each of its K branches at each of the b draft positions, and the category prior over the
+branches (DBLast Eq 18-19). The decode loop chooses a branch, has the target score it and
+verifies exactly, so any proposer keeps the output distribution the target's; only the
+acceptance depends on it.
+
+`DrafterProposer` is the one this package ships (a `DBlastDrafter` drafting over an optional
+draft vocabulary); tests and other drafters implement the `Proposer` protocol directly.
+"""
+from typing import NamedTuple, Protocol, Sequence
+
+import torch
+
+from .draft_vocabulary import DraftVocab, draft_vocabulary, end_of_sequence_ids
+from .drafter import DBlastDrafter, DrafterCache
+from .target import TargetAdapter
+
+
+class Proposal(NamedTuple):
+    branch_tokens: torch.Tensor  # [N, K, b] int64: branch z's greedy token at draft position i
+    prior: torch.Tensor          # [N, K] float32: the tempered category distribution (rows sum to 1)
+
+
+class ProposerCache(Protocol):
+    """A proposer's own context state; `length` committed tokens are cached."""
+
+    length: int
+
+    def crop(self, length: int) -> None: ...
+
+
+class Proposer(Protocol):
+    """What SpeculativeDecoder needs of a drafter (see the module docstring)."""
+
+    block_size: int               # B: the anchor plus b = B - 1 draft positions
+    num_branches: int             # K
+    target_layer_ids: Sequence[int]  # the target layers whose hidden states form the context features
+
+    def new_cache(self, rows: int, capacity: int, device: torch.device) -> ProposerCache: ...
+
+    def propose(self, anchors: torch.Tensor, context: torch.Tensor, cache: ProposerCache) -> Proposal:
+        """anchors [N] int64; context [N, T, F]: features of the T committed tokens `cache` lacks
+        (it appends them); returns the block after the anchors."""
+        ...
+
+
+class DrafterProposer:
+    """A DBlastDrafter as a proposer: one drafter pass on [anchor, mask x b], the K-branch
+    expansion and LM-head argmax over the draft vocabulary, and the prior at category
+    temperature Z_T (0: all mass on the prior's argmax branch)."""
+
+    def __init__(self, drafter: DBlastDrafter, target: TargetAdapter, *, category_temperature: float = 1.0,
+                 draft_vocab: DraftVocab = None, use_kernels: bool = True):
+        """`draft_vocab`: the token ids the drafter may propose (dblast_ext.draft_vocabulary:
+        an int N for the first N ids, or a list of ids; None for all of them)."""
+        if category_temperature < 0:
+            raise ValueError(f"category_temperature must be >= 0, got {category_temperature}")
+        self.drafter = drafter
+        self.target = target
+        self.category_temperature = category_temperature
+        self.use_kernels = use_kernels
+        self.draft_ids = draft_vocabulary(draft_vocab, target.vocab_size, end_of_sequence_ids(target.model))
+        self._draft_head = None  # (the LM head it was gathered from, ids there, the gathered rows)
+
+    @property
+    def block_size(self) -> int:
+        return self.drafter.config.block_size
+
+    @property
+    def num_branches(self) -> int:
+        return self.drafter.num_branches
+
+    @property
+    def target_layer_ids(self) -> Sequence[int]:
+        return self.drafter.config.target_layer_ids
+
+    def new_cache(self, rows: int, capacity: int, device) -> DrafterCache:
+        return DrafterCache(self.drafter.config, rows, capacity, device, self.drafter.fc.weight.dtype)
+
+    def propose(self, anchors: torch.Tensor, context: torch.Tensor, cache: DrafterCache) -> Proposal:
+        config = self.drafter.config
+        block_ids = torch.full((anchors.shape[0], config.block_size), config.mask_token_id, dtype=torch.int64,
+                               device=anchors.device)
+        block_ids[:, 0] = anchors
+        hidden = self.drafter(self.target.embed(block_ids), context, cache, use_kernels=self.use_kernels)
+        prior = self.drafter.branch_prior(hidden[:, 0], self.category_temperature).float()
+        return Proposal(self.draft_tokens(hidden), prior)
+
+    def draft_tokens(self, block_hidden: torch.Tensor) -> torch.Tensor:
+        """Every branch's greedy token at every draft position, [N, K, b], over the draft
+        vocabulary: the LM head rows of its ids only, the argmax mapped back to token ids."""
+        head = self.target.lm_head_weight
+        if self.draft_ids is None:
+            return self.drafter.branch_tokens(block_hidden, head, self.target.vocab_size,
+                                              use_kernels=self.use_kernels)
+        key = (head.data_ptr(), head.device, head.dtype)
+        if self._draft_head is None or self._draft_head[0] != key:  # gathered once, again if the model moved
+            ids = self.draft_ids.to(head.device)
+            rows = head.detach().index_select(0, ids)
+            if rows.device.type == "cpu":  # the CPU kernel computes in float32 and would upcast 16-bit
+                rows = rows.float()        # rows every call; upcasting is exact, so the argmax is the same
+            self._draft_head = (key, ids, rows.contiguous())
+        _, ids, rows = self._draft_head
+        local = self.drafter.branch_tokens(block_hidden, rows, len(ids), use_kernels=self.use_kernels)
+        return ids[local]
+
+
+def check_proposer(proposer: Proposer) -> None:
+    """A clear error for an object that cannot serve as a proposer, before any model runs."""
+    missing = [name for name in ("block_size", "num_branches", "target_layer_ids", "new_cache", "propose")
+               if not hasattr(proposer, name)]
+    if missing:
+        raise TypeError(f"proposer {type(proposer).__name__} lacks {', '.join(missing)} (see dblast_ext.proposer)")
+    if int(proposer.block_size) < 2:
+        raise ValueError(f"proposer.block_size must be >= 2 (an anchor and at least one draft), "
+                         f"got {proposer.block_size}")
+
+
+__all__ = ["Proposal", "Proposer", "ProposerCache", "DrafterProposer", "check_proposer"]

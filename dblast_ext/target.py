@@ -1,0 +1,81 @@
+"""The target model as the decode loop and training see it: a Hugging Face causal LM used
+unmodified, plus the shims that keep one code path working across transformers versions
+(the cache argument's name, keeping only the last position's logits).
+
+Loading a target from disk is `target_loading`; this module only wraps a loaded model."""
+import inspect
+from typing import Sequence
+
+import torch
+
+
+def cache_argument(model) -> str:
+    """The name a Hugging Face model's forward gives its KV cache: `cache` in recent
+    transformers, `past_key_values` in older ones."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def last_position_logits_arguments(model) -> dict:
+    """Forward arguments that keep the logits to the last position (`logits_to_keep` in
+    recent transformers, `num_logits_to_keep` in older ones; none when neither exists), for
+    passes that need hidden states only or sample from the last position only."""
+    parameters = inspect.signature(model.forward).parameters
+    for name in ("logits_to_keep", "num_logits_to_keep"):
+        if name in parameters:
+            return {name: 1}
+    return {}
+
+
+class TargetAdapter:
+    """A Hugging Face causal LM (Qwen3, Llama, ...) used unmodified: one forward returns the
+    logits of every position (of the last one only for a prefill) and the hidden states of the
+    drafter's target layers."""
+
+    def __init__(self, model, layer_ids: Sequence[int]):
+        self.model = model
+        self.layer_ids = list(layer_ids)
+        self._cache_arg = cache_argument(model)
+        self._last_logits_kwargs = last_position_logits_arguments(model)
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    def forward(self, input_ids: torch.Tensor, cache, hidden_states: bool = True, last_logits_only: bool = False):
+        """`last_logits_only` for a prefill, which samples from its last position only: [T, V]
+        logits over the whole prompt would be about a fifth of the pass (SmolLM2) for nothing."""
+        extra = self._last_logits_kwargs if last_logits_only else {}
+        out = self.model(input_ids=input_ids, use_cache=True, output_hidden_states=hidden_states,
+                         **{self._cache_arg: cache}, **extra)
+        if not hidden_states:
+            return out.logits, None
+        return out.logits, self.features(out.hidden_states)
+
+    def features(self, hidden_states) -> torch.Tensor:
+        """The drafter's context features: concat(hidden_states[l + 1] for l in the drafter's
+        target layers), [.., T, L*H]; index 0 of a transformers output is the embedding's."""
+        return torch.cat([hidden_states[l + 1] for l in self.layer_ids], dim=-1)
+
+    @staticmethod
+    def crop(cache, length: int) -> None:
+        """Keeps the first `length` tokens (a negative count removes tokens in every
+        transformers version; positive absolute lengths are refused by recent ones)."""
+        excess = cache.get_seq_length() - length
+        if excess > 0:
+            cache.crop(-excess)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(input_ids)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
