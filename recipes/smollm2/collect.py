@@ -1,13 +1,20 @@
 """Gathers the embedded pair's evaluation (recipes/smollm2/eval.sh) into a results folder:
 each run's report.md, summary.json, calibration and plots, the top-token-oracle and determinism
-diagnostics, and results.md with the tables the README shows.
+diagnostics, and the folder's README.md, whose tables it writes.
 
-    python recipes/smollm2/collect.py --runs runs/smollm2-eval --out results/smollm2
+    python recipes/smollm2/collect.py --runs runs/smollm2-eval --out results/smollm2 --readme README.md
     python recipes/smollm2/collect.py --runs runs/smollm2-eval --out /tmp/now --partial   # while it runs
 
-With --readme README.md it also rewrites the block between the README's
-`<!-- smollm2-results:begin -->` and `<!-- smollm2-results:end -->` lines with the targets and
-the acceptance / speed-up table, so that README shows what the runs measured, not a copy.
+The results README is a document people write around generated tables: every table sits
+between a pair of marker lines (`<!-- smollm2-results:<name>:begin -->` and `...:end -->`), and
+collect.py rewrites only what lies between them, so the discussion around the tables stays
+as written. A README without a table's markers gets that table appended under its heading;
+where there is no README yet, collect.py writes one with the headings and tables alone.
+
+With --readme README.md it also rewrites the block between that README's
+`<!-- smollm2-results:begin -->` and `<!-- smollm2-results:end -->` lines with a short table
+(tau and speed-up on GSM8K, mean speed-up, per temperature and drafter) and a link to the
+results README, so that the top-level README shows what the runs measured, not a copy.
 """
 import argparse
 import glob
@@ -157,8 +164,8 @@ def plot_tau(path, shown, oracles, filters) -> bool:
 
 
 def target_rows(finished, speeds) -> str:
-    """Issue 8's three targets against the finished runs: measured value, met or not (or
-    pending while a run it needs is unfinished)."""
+    """The targets set for the pair (issue 8) against the finished runs: measured value, met or
+    not (or pending while a run it needs is unfinished)."""
     def verdict(ok):
         return "pending" if ok is None else ("yes" if ok else "no")
 
@@ -180,26 +187,74 @@ def target_rows(finished, speeds) -> str:
     return "\n".join(rows)
 
 
-README_BEGIN, README_END = "<!-- smollm2-results:begin -->", "<!-- smollm2-results:end -->"
+README_BEGIN, README_END = "<!-- smollm2-results:begin -->", "<!-- smollm2-results:end -->"  # --readme's block
+RESULTS_TITLE = "# Results: SmolLM2-135M-Instruct with the embedded drafters"
+# the results README's generated tables, in order: marker name, the heading a missing one is appended under
+SECTIONS = (
+    ("targets", "## The targets set for the pair"),
+    ("acceptance", "## Acceptance and speed-up"),
+    ("per-dataset", "## Per dataset"),
+    ("blocks", "## Inference block length and draft vocabulary on the CPU (GSM8K, temperature 0.7, top-p 0.8, top-k 20)"),
+    ("oracle", "## Top-token oracle: a drafter that always drafts the target's most likely token (block 16, first turns)"),
+    ("histograms", "## Acceptance histograms (accepted drafts per cycle; the ceiling bin n = B - 1 marked)"),
+    ("determinism", "## Accepted length by target-block early determinism (dblast-k4 against dflash-k1, MT-Bench, "
+                    "T 1.0, top-p 0.95)"),
+)
+
+
+def markers(name):
+    """The marker lines around the results README's generated table `name`."""
+    return f"<!-- smollm2-results:{name}:begin -->", f"<!-- smollm2-results:{name}:end -->"
+
+
+def replace_block(text, begin, end, block, where) -> str:
+    """`text` with what lies between its marker lines `begin` and `end` replaced by `block`;
+    a ValueError naming `where` unless each marker occurs once, `begin` first."""
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError(f"{where} needs one line {begin} followed by one line {end}")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return head + begin + "\n" + block.strip("\n") + "\n" + end + tail
+
+
+def write_text(path, text) -> None:
+    """Whole or not at all: a reader never sees half a file."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
 
 
 def rewrite_readme_block(path, block) -> None:
     """Replaces what lies between the README's two marker lines with `block`."""
     with open(path) as f:
         text = f.read()
-    if text.count(README_BEGIN) != 1 or text.count(README_END) != 1 or text.index(README_BEGIN) > text.index(README_END):
-        raise ValueError(f"--readme: {path} needs one line {README_BEGIN} followed by one line {README_END}")
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
-    with open(path, "w") as f:
-        f.write(head + README_BEGIN + "\n" + block.strip("\n") + "\n" + README_END + tail)
+    write_text(path, replace_block(text, README_BEGIN, README_END, block, f"--readme: {path}"))
+
+
+def results_readme_text(text, blocks) -> str:
+    """The results README `text` (None: there is none yet) with every generated table of
+    `blocks` (name -> Markdown) between its markers; the text around them is kept as written,
+    and a table without markers is appended under its heading."""
+    if text is None:
+        text = (RESULTS_TITLE + "\n\nEvery table below is written by `recipes/smollm2/collect.py` from the runs of "
+                "`recipes/smollm2/eval.sh`.\n")
+    for name, heading in SECTIONS:
+        begin, end = markers(name)
+        if begin not in text and end not in text:
+            text = text.rstrip("\n") + f"\n\n{heading}\n\n{begin}\n{end}\n"
+        text = replace_block(text, begin, end, blocks[name], "the results README")
+    return text
+
+
+def speedup_text(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--readme", help="also rewrite this README's results block (between its marker lines)")
+    parser.add_argument("--readme", help="also rewrite this README's short results block (between its marker lines)")
     parser.add_argument("--partial", action="store_true",
                         help="also tabulate acceptance runs still in progress, from their records so far (marked "
                              "'partial'; their reports are not copied)")
@@ -208,8 +263,17 @@ def main() -> None:
         parser.error(f"--runs: no directory {args.runs} (the OUT of eval.sh)")
     if args.readme and not os.path.isfile(args.readme):
         parser.error(f"--readme: no file {args.readme}")
+    results_readme = os.path.join(args.out, "README.md")
+    existing = None
+    if os.path.isfile(results_readme):
+        with open(results_readme) as f:
+            existing = f.read()
+        try:  # a README whose markers are broken is refused before anything is copied
+            results_readme_text(existing, {name: "" for name, _ in SECTIONS})
+        except ValueError as e:
+            parser.error(f"--out: {results_readme}: {e}")
     os.makedirs(args.out, exist_ok=True)
-    main_rows, detail_rows, histogram_rows = [], [], []
+    main_rows, short_rows, detail_rows, histogram_rows = [], [], [], []
     finished, speeds = {}, {}  # (arm, temperature) -> summary of a finished acceptance / speed run
     shown, oracles = {}, {}  # (label, temperature) -> per-dataset summaries in the table; T -> oracle's
     temperatures = temperatures_run(args.runs)
@@ -238,6 +302,7 @@ def main() -> None:
             per = accept["datasets"]
             filters[t] = filter_label(accept["settings"])
             speed_rows = {d: speed["datasets"].get(d) for d in DATASETS} if speed else {}
+            speed_macro = speedup_text(speed["macro"].get("speedup")) if speed else "-"
             complete = set(DATASETS) <= set(per)  # means over fewer datasets would not compare
             ceiling = [per[d]["ceiling_fraction"] for d in DATASETS] if complete else []
             label = f"{arm} (partial)" if partial else arm
@@ -246,8 +311,9 @@ def main() -> None:
                 f"| {t} ({filters[t]}) | {label} | {zt} | " + " | ".join(tau_cell(per.get(d)) for d in DATASETS)
                 + f" | {fmt(accept['macro']['expected_accepted'] if complete else None)} | "
                 + (f"{100 * sum(ceiling) / len(ceiling):.1f}% | " if ceiling else "- | ")
-                + speed_cell(speed_rows.get("gsm8k"))
-                + f" | {fmt(speed['macro'].get('speedup') if speed else None)}{'x' if speed else ''} |")
+                + speed_cell(speed_rows.get("gsm8k")) + f" | {speed_macro} |")
+            short_rows.append(f"| {t} ({filters[t]}) | {label} | {tau_cell(per.get('gsm8k'))} | "
+                              f"{speed_cell(speed_rows.get('gsm8k'))} | {speed_macro} |")
             for d in DATASETS:
                 s = per.get(d)
                 if s is None:
@@ -260,6 +326,8 @@ def main() -> None:
     header = ("| temperature | drafter | Z_T | " + " | ".join(f"tau {DATASET_TITLES[d]}" for d in DATASETS) + " | "
               "macro expected accepted | ceiling (mean) | speed-up GSM8K | speed-up macro |\n"
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    short_header = ("| temperature | drafter | tau on GSM8K [95% CI] | speed-up on GSM8K | speed-up, mean of 4 datasets |\n"
+                    "| --- | --- | ---: | ---: | ---: |")
     detail_header = ("| T | drafter | dataset | tau [95% CI] | cycle mean [95% CI] | first draft accepted | ceiling | "
                      "expected accepted | speed-up | prompts | EOS / responses | cycles |\n"
                      "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -302,36 +370,38 @@ def main() -> None:
     if os.path.isdir(determinism):
         copy_run(determinism, os.path.join(args.out, "determinism"), args.runs)
     missing = "\n*(no runs of this phase yet: `bash recipes/smollm2/eval.sh` makes them)*"
-    main_rows, detail_rows, histogram_rows, block_rows, oracle_rows = (
-        rows or [missing] for rows in (main_rows, detail_rows, histogram_rows, block_rows, oracle_rows))
+    main_rows, short_rows, detail_rows, histogram_rows, block_rows, oracle_rows = (
+        rows or [missing] for rows in (main_rows, short_rows, detail_rows, histogram_rows, block_rows, oracle_rows))
     targets = target_rows(finished, speeds)
     plotted = plot_tau(os.path.join(args.out, "tau.png"), shown, oracles, filters)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write("# SmolLM2-135M-Instruct with the embedded drafters\n\n## Issue 8's targets\n\n" + targets
-                + "\n\n## Acceptance and speed-up\n\n" + ("![tau per dataset](tau.png)\n\n" if plotted else "")
-                + header + "\n" + "\n".join(main_rows)
-                + "\n\n## Per dataset\n\n" + detail_header + "\n" + "\n".join(detail_rows)
-                + "\n\n## Inference block length and draft vocabulary on the CPU (GSM8K, temperature 0.7, top-p 0.8, "
-                  "top-k 20)\n\n"
-                + block_header + "\n" + "\n".join(block_rows)
-                + "\n\n## Top-token oracle: a drafter that always drafts the target's most likely token (block 16, first turns)\n\n"
-                + oracle_header + "\n" + "\n".join(oracle_rows)
-                + "\n\n## Acceptance histograms (accepted drafts per cycle; the ceiling bin n = B - 1 marked)\n\n"
-                + HISTOGRAM_HEADER + "\n" + "\n".join(histogram_rows)
-                + "\n\n## Accepted length by target-block early determinism (dblast-k4 against dflash-k1, MT-Bench, T 1.0, top-p 0.95)\n\n"
-                + determinism_section(os.path.join(args.out, "determinism")) + "\n")
+    speed_prompts = sorted({d["n_prompts"] for run in speeds.values() if run for d in run["datasets"].values()})
+    speed_source = "the `speed` phase, " + ("/".join(map(str, speed_prompts)) + " prompts per dataset" if speed_prompts
+                                            else "not run yet")
+    legend = ("Each tau cell: tau [95% CI] over the reported prompts' EOS-terminated responses; "
+              "Z_T: the value of the calibration grid with the largest expected accepted length on the "
+              "10% split, `(grid top)` where that is the grid's largest; "
+              "`(partial)`: a run still going, from its records so far; speed-ups from " + speed_source
+              + "; `(N contended)` where N of a dataset's responses were timed while other processes kept "
+              "cores busy; `-`: not measured yet.")
+    blocks = {
+        "targets": targets,
+        "acceptance": ("![tau per dataset](tau.png)\n\n" if plotted else "") + header + "\n" + "\n".join(main_rows)
+                      + "\n\n" + legend,
+        "per-dataset": detail_header + "\n" + "\n".join(detail_rows),
+        "blocks": block_header + "\n" + "\n".join(block_rows),
+        "oracle": oracle_header + "\n" + "\n".join(oracle_rows),
+        "histograms": HISTOGRAM_HEADER + "\n" + "\n".join(histogram_rows),
+        "determinism": determinism_section(os.path.join(args.out, "determinism")),
+    }
+    write_text(results_readme, results_readme_text(existing, blocks))
     if args.readme:
-        speed_prompts = sorted({d["n_prompts"] for run in speeds.values() if run for d in run["datasets"].values()})
-        legend = ("Each tau cell: tau [95% CI] over the reported prompts' EOS-terminated responses; "
-                  "Z_T: the value of the calibration grid with the largest expected accepted length on the "
-                  "10% split, `(grid top)` where that is the grid's largest; "
-                  "`(partial)`: a run still going, from its records so far; speed-ups from the `speed` phase ("
-                  + ("/".join(map(str, speed_prompts)) + " prompts per dataset" if speed_prompts else "none yet")
-                  + "), `(N contended)` where N of a dataset's responses were timed while other processes kept "
-                  "cores busy; `-`: not measured yet. Generated by `recipes/smollm2/collect.py --readme README.md`.")
+        link = os.path.relpath(results_readme, os.path.dirname(os.path.abspath(args.readme))).replace(os.sep, "/")
+        short_legend = ("tau: tokens committed per target forward pass (1.00 when no draft is ever accepted), the "
+                        "mean over prompts with its 95% bootstrap interval; speed-up: tokens per second against "
+                        "sampling with the target alone, same prompts, seeds and filter (" + speed_source + "). "
+                        f"Written by `recipes/smollm2/collect.py`; every table: [{link}]({link}).")
         try:
-            rewrite_readme_block(args.readme, targets + "\n\n" + header + "\n" + "\n".join(main_rows)
-                                 + "\n\n" + legend)
+            rewrite_readme_block(args.readme, short_header + "\n" + "\n".join(short_rows) + "\n\n" + short_legend)
         except ValueError as e:
             parser.error(str(e))
     print(targets + "\n\n" + header + "\n" + "\n".join(main_rows) + "\n\n" + block_header + "\n" + "\n".join(block_rows)

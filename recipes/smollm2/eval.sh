@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's results for the embedded pair: `dblast eval` of dflash-k1 and dblast-k4 on GSM8K,
+# The embedded pair's evaluation (results/smollm2/README.md): `dblast eval` of dflash-k1 and dblast-k4 on GSM8K,
 # MT-Bench, HumanEval and MATH-500 (PROMPTS per dataset: a seeded 10% calibration split, the
 # rest reported), at most 256 new tokens, at temperature 0 (greedy), 0.7 / top-p 0.8, 1.0 /
 # top-p 0.95 and 1.5 / top-p 0.95, top-k 20; Z_T of dblast-k4 calibrated on the split (K = 1
@@ -18,8 +18,8 @@
 #            drafting costs in proportion to the vocabulary the drafter's LM head scores
 #   determinism  accepted length binned by early determinism, MT-Bench, temperature 1.0, dblast-k4
 #            against dflash-k1 on the same truncation points (about half an hour)
-#   collect  report files (summary, report, plots; not the records) into results/smollm2/, and
-#            the results block of README.md
+#   collect  report files (summary, report, plots; not the records) and results/smollm2/README.md,
+#            and the short results table of README.md
 # A run is skipped once it has its finishing file (summary.json; oracle.json; determinism.json),
 # and every phase resumes from its records (determinism: its responses and points). To keep progress beyond this machine, save the
 # records into the repository now and then and commit them (eval.sh restores them first):
