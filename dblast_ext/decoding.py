@@ -71,20 +71,35 @@ class SpeculativeDecoder:
                  use_kernels: bool = True, draft_vocab: DraftVocab = None, proposer: Optional[Proposer] = None):
         """`target`: a Hugging Face causal LM. Either `drafter` (a DBlastDrafter, drafting over
         `draft_vocab`, see dblast_ext.draft_vocabulary, at category temperature Z_T) or
-        `proposer` (anything implementing dblast_ext.proposer.Proposer). `use_kernels`: the
-        dblast ops (False: their pure-PyTorch reference, same results)."""
+        `proposer` (anything implementing dblast_ext.proposer.Proposer; its own settings then
+        replace `category_temperature` and `draft_vocab`). `use_kernels`: the dblast ops
+        (False: their pure-PyTorch reference, same results)."""
         if (drafter is None) == (proposer is None):
             raise ValueError("give either drafter or proposer (exactly one)")
-        self.use_kernels = use_kernels
+        self._use_kernels = use_kernels
         if drafter is not None:
             check_against_target(drafter.config, target.config)
             self.target = TargetAdapter(target, drafter.config.target_layer_ids)
             proposer = DrafterProposer(drafter, self.target, category_temperature=category_temperature,
                                        draft_vocab=draft_vocab, use_kernels=use_kernels)
         else:
-            check_proposer(proposer)
+            if category_temperature != 1.0 or draft_vocab is not None:
+                raise ValueError("category_temperature and draft_vocab are a drafter's settings: with proposer=, "
+                                 "set them on the proposer")
+            check_proposer(proposer, target.config.num_hidden_layers)
             self.target = TargetAdapter(target, proposer.target_layer_ids)
         self.proposer = proposer
+
+    @property
+    def use_kernels(self) -> bool:
+        """The dblast ops (False: their pure-PyTorch reference), for drafting and verifying alike."""
+        return self._use_kernels
+
+    @use_kernels.setter
+    def use_kernels(self, value: bool) -> None:
+        self._use_kernels = value
+        if isinstance(self.proposer, DrafterProposer):
+            self.proposer.use_kernels = value
 
     # the drafter-specific settings, for callers that built the decoder from a drafter
     @property
@@ -101,8 +116,6 @@ class SpeculativeDecoder:
 
     @category_temperature.setter
     def category_temperature(self, value: float) -> None:
-        if value < 0:
-            raise ValueError(f"category_temperature must be >= 0, got {value}")
         self.proposer.category_temperature = value
 
     @torch.inference_mode()
@@ -126,7 +139,8 @@ class SpeculativeDecoder:
                                                  ids.device)
         cycles = []
         while len(generated) < max_new_tokens and anchor not in stops:
-            record, emitted, context = self._cycle(anchor, context, target_cache, proposer_cache, sampling, generator)
+            record, emitted, context = self._cycle(anchor, context, target_cache, proposer_cache, sampling, generator,
+                                                   validate=not cycles)
             cycles.append(record)
             before = len(generated)
             for token in emitted:
@@ -143,11 +157,11 @@ class SpeculativeDecoder:
         return GenerationOutput(generated[:max_new_tokens], stopped, cycles)
 
     def _cycle(self, anchor: int, context: torch.Tensor, target_cache, proposer_cache,
-               sampling: SamplingParams, generator: torch.Generator):
+               sampling: SamplingParams, generator: torch.Generator, validate: bool):
         """One cycle after `anchor` (the last committed token; `context` holds the target
         features of the committed tokens the proposer has not cached yet). Returns the cycle's
         record, the emitted tokens (accepted drafts + the correction or bonus token) and the
-        next context."""
+        next context. `validate`: check the verifier's inputs' values (see _verify)."""
         device = context.device
         t0 = time.perf_counter()
         anchors = torch.tensor([anchor], dtype=torch.int64, device=device)
@@ -159,7 +173,7 @@ class SpeculativeDecoder:
         verify_logits, features = self.target.forward(torch.cat([anchors[:, None], draft], dim=1),  # 3. score
                                                       target_cache)
         uniforms = torch.rand(1, self.proposer.block_size, generator=generator, dtype=torch.float64).to(device)
-        result = self._verify(verify_logits, proposal, branch, uniforms, sampling)     # 4. verify
+        result = self._verify(verify_logits, proposal, branch, uniforms, sampling, validate)  # 4. verify
         accepted = int(result.num_accepted[0])
         emitted = result.output_tokens[0, : accepted + 1].tolist()
         # 5. the target cache keeps the anchor and the accepted drafts; the final token is the next anchor
@@ -170,13 +184,17 @@ class SpeculativeDecoder:
         return record, emitted, features[:, : accepted + 1]
 
     def _verify(self, logits: torch.Tensor, proposal: Proposal, branch: torch.Tensor, uniforms: torch.Tensor,
-                sampling: SamplingParams):
-        """branch_verify without its value checks: the loop made every input itself (a
-        checked SamplingParams, token ids below the vocabulary, a normalised prior, uniforms
-        in [0, 1)), and the checks would cost a device sync per cycle."""
+                sampling: SamplingParams, validate: bool):
+        """branch_verify, its value checks (finite logits, ids below the vocabulary, a prior
+        summing to 1, uniforms in [0, 1): reductions over [b + 1, V] and a device sync) run on
+        the first cycle of a response and then only for proposers other than DrafterProposer:
+        the loop draws the uniforms itself, SamplingParams is checked when made, and a
+        DrafterProposer's ids come from an argmax over the vocabulary and its prior from a
+        softmax."""
+        validate = validate or not isinstance(self.proposer, DrafterProposer)
         if self.use_kernels:
-            return ops.branch_verify(logits, proposal.branch_tokens, proposal.prior, branch, uniforms,
-                                     validate=False, **sampling.kwargs())
+            return ops.branch_verify(logits.float(), proposal.branch_tokens, proposal.prior, branch, uniforms,
+                                     validate=validate, **sampling.kwargs())
         return reference.branch_verify(logits.float(), proposal.branch_tokens, proposal.prior, branch, uniforms,
                                        **sampling.kwargs())
 
@@ -193,7 +211,8 @@ class SpeculativeDecoder:
         _, context = self.target.forward(ids[:, :-1], target_cache, last_logits_only=True)
         proposer_cache = self.proposer.new_cache(1, ids.shape[1] + self.proposer.block_size, ids.device)
         generator = torch.Generator().manual_seed(seed)
-        record, _, _ = self._cycle(int(ids[0, -1]), context, target_cache, proposer_cache, sampling, generator)
+        record, _, _ = self._cycle(int(ids[0, -1]), context, target_cache, proposer_cache, sampling, generator,
+                                   validate=True)
         return record
 
     def warm_up(self, input_ids, sampling: Optional[SamplingParams] = None, *, target_only: bool = True,

@@ -4,8 +4,9 @@ Given the anchor (the last committed token), the target features of the committe
 proposer has not seen yet and its own cache, a proposer returns a `Proposal`: the greedy token
 of each of its K branches at each of the b draft positions, and the category prior over the
 branches (DBLast Eq 18-19). The decode loop chooses a branch, has the target score it and
-verifies exactly, so any proposer keeps the output distribution the target's; only the
-acceptance depends on it.
+verifies exactly, so any proposer whose proposals meet `branch_verify`'s contract (int64 ids
+below the vocabulary, a finite prior summing to 1 per row: docs/ops.md) keeps the output
+distribution the target's; only the acceptance depends on it.
 
 `DrafterProposer` is the one this package ships (a `DBlastDrafter` drafting over an optional
 draft vocabulary); tests and other drafters implement the `Proposer` protocol directly.
@@ -25,11 +26,10 @@ class Proposal(NamedTuple):
 
 
 class ProposerCache(Protocol):
-    """A proposer's own context state; `length` committed tokens are cached."""
+    """A proposer's own context state. `length`: the committed tokens it holds; `propose`
+    advances it by the new context it is given (the loop reads it to crop the target's cache)."""
 
     length: int
-
-    def crop(self, length: int) -> None: ...
 
 
 class Proposer(Protocol):
@@ -56,14 +56,23 @@ class DrafterProposer:
                  draft_vocab: DraftVocab = None, use_kernels: bool = True):
         """`draft_vocab`: the token ids the drafter may propose (dblast_ext.draft_vocabulary:
         an int N for the first N ids, or a list of ids; None for all of them)."""
-        if category_temperature < 0:
-            raise ValueError(f"category_temperature must be >= 0, got {category_temperature}")
         self.drafter = drafter
         self.target = target
         self.category_temperature = category_temperature
         self.use_kernels = use_kernels
         self.draft_ids = draft_vocabulary(draft_vocab, target.vocab_size, end_of_sequence_ids(target.model))
         self._draft_head = None  # (the LM head it was gathered from, ids there, the gathered rows)
+
+    @property
+    def category_temperature(self) -> float:
+        """Z_T of the prior (0: all mass on its argmax branch)."""
+        return self._category_temperature
+
+    @category_temperature.setter
+    def category_temperature(self, value: float) -> None:
+        if not value >= 0:  # NaN too
+            raise ValueError(f"category_temperature must be >= 0, got {value}")
+        self._category_temperature = value
 
     @property
     def block_size(self) -> int:
@@ -108,8 +117,9 @@ class DrafterProposer:
         return ids[local]
 
 
-def check_proposer(proposer: Proposer) -> None:
-    """A clear error for an object that cannot serve as a proposer, before any model runs."""
+def check_proposer(proposer: Proposer, num_target_layers: int) -> None:
+    """A clear error for an object that cannot serve as a proposer, before any model runs
+    (`num_target_layers`: the target's, which `target_layer_ids` index)."""
     missing = [name for name in ("block_size", "num_branches", "target_layer_ids", "new_cache", "propose")
                if not hasattr(proposer, name)]
     if missing:
@@ -117,6 +127,10 @@ def check_proposer(proposer: Proposer) -> None:
     if int(proposer.block_size) < 2:
         raise ValueError(f"proposer.block_size must be >= 2 (an anchor and at least one draft), "
                          f"got {proposer.block_size}")
+    bad = [i for i in proposer.target_layer_ids if not 0 <= int(i) < num_target_layers]
+    if bad:
+        raise ValueError(f"proposer.target_layer_ids {list(proposer.target_layer_ids)}: {bad} outside the target's "
+                         f"{num_target_layers} layers")
 
 
 __all__ = ["Proposal", "Proposer", "ProposerCache", "DrafterProposer", "check_proposer"]

@@ -134,6 +134,36 @@ def test_a_proposer_missing_part_of_the_protocol_is_refused(tmp_path):
         SpeculativeDecoder(target, proposer=NoPropose())
     with pytest.raises(ValueError, match="exactly one"):
         SpeculativeDecoder(target)
+    greedy = ScriptedProposer([], len(PROMPT), 4, (1, 9))  # the target has 6 layers
+    with pytest.raises(ValueError, match="target_layer_ids"):
+        SpeculativeDecoder(target, proposer=greedy)
+    greedy.target_layer_ids = [1, 4]
+    with pytest.raises(ValueError, match="proposer"):  # a drafter's setting, ignored by a proposer otherwise
+        SpeculativeDecoder(target, proposer=greedy, category_temperature=0.5)
+
+
+def test_a_proposal_breaking_the_verifiers_contract_is_refused(tmp_path):
+    """A foreign proposer's proposals are checked every cycle: a prior that does not sum to 1
+    would make the verification inexact, so it fails instead of sampling."""
+    target = make_decoder(tmp_path).target.model
+    greedy = hf_greedy(target, PROMPT, 30)
+
+    class HalfPrior(ScriptedProposer):
+        def propose(self, anchors, context, cache):
+            tokens, prior = super().propose(anchors, context, cache)
+            return Proposal(tokens, prior * 0.5)
+
+    dec = SpeculativeDecoder(target, proposer=HalfPrior(greedy, len(PROMPT), 4, (1, 4)))  # the ops check values
+    with pytest.raises(ValueError, match="branch_prior"):
+        dec.generate(PROMPT, SamplingParams(temperature=1.0), max_new_tokens=8)
+
+
+def test_use_kernels_switches_drafting_and_verifying_together(tmp_path):
+    dec = make_decoder(tmp_path, branches=4)
+    dec.use_kernels = False
+    assert dec.proposer.use_kernels is False and dec.use_kernels is False
+    with pytest.raises(ValueError, match="category_temperature"):
+        dec.category_temperature = -1.0
 
 
 def test_autoregressive_greedy_equals_the_targets_own(tmp_path):

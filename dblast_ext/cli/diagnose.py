@@ -19,13 +19,12 @@ import sys
 
 from ..target import TargetAdapter
 from ..drafter_io import checkpoint_digest
-from ..eval.determinism import (baseline_points, bin_by_determinism, determinism_points, determinism_table,
-                                 relative_gain, target_responses)
-from ..eval.metrics import expansion_decomposition, first_draft_accepted
+from ..eval.determinism import Baseline, determinism_study, determinism_table
+from ..eval.expansion import expansion_study, expansion_table
+from ..eval.metrics import first_draft_accepted
 from ..eval.oracle import oracle_records, summarize_oracle
 from ..eval.records import read_run_records
-from ..eval.runner import evaluate, run_settings
-from ..eval.report import PLOTS_SKIPPED, plot_determinism, plot_histograms, summarize_run
+from ..eval.report import PLOTS_SKIPPED, plot_histograms, summarize_run
 from ..target_loading import default_device, load_target, stop_token_ids
 from .common import (add_category_temperature_arg, add_model_args, add_sampling_args, add_target_args, check_args,
                      check_sampling_args, check_target_args, load_decoder, load_second_decoder, read_checkpoint_config,
@@ -128,35 +127,12 @@ def run_expansion(args) -> int:
         raise ValueError(f"--block-size {wider} must exceed the drafter's trained block size {trained}")
     prompts = load_all_prompts(args)
     os.makedirs(args.out, exist_ok=True)
-    args.block_size = None
+    args.block_size = None  # load the drafter at its trained block size
     decoder, tokenizer = load_decoder(args, args.category_temperature)
-    runs = {}
-    for label, block in (("trained", trained), ("wider", wider)):
-        decoder.drafter.config.block_size = block
-        args.block_size = block
-        print(f"expansion: block {block} ({label})", file=sys.stderr)
-        runs[label], _ = evaluate(decoder, tokenizer, prompts, os.path.join(args.out, f"records_block{block}.jsonl"),
-                                  run_spec(args), category_temperature=args.category_temperature)
-    # a dataset either run cannot summarise (e.g. no response ended with EOS) is reported, not fatal
-    results = [summarize_run(runs[k], eos_only=not args.all_responses, n_boot=1) for k in ("trained", "wider")]
-    rows = []
-    for name in sorted({p.dataset for p in prompts}):
-        why = next((r["skipped"][name] for r in results if name in r["skipped"]), None)
-        if why is not None:
-            print(f"expansion: {name} not summarised: {why}", file=sys.stderr)
-            continue
-        hists = [r["datasets"][name]["histogram"] for r in results]
-        rows.append(dict(dataset=name, **expansion_decomposition(hists[0], hists[1], trained)))
-    with open(os.path.join(args.out, "expansion.json"), "w") as f:
-        json.dump({"trained_block_size": trained, "block_size": wider, "datasets": rows}, f, indent=2)
-    lines = [f"Naive expansion from block {trained} to {wider} (DBloom Eq 4-5): E[n] change = G - L.", "",
-             "| dataset | E[n] trained | E[n] wider | G (uncapped gain) | L (front erosion) | G - L | "
-             f"P(n >= {trained}) | ceiling trained | ceiling wider |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        lines.append(f"| {r['dataset']} | {r['mean_trained']:.2f} | {r['mean_wider']:.2f} | {r['G']:.3f} | "
-                     f"{r['L']:.3f} | {r['G'] - r['L']:+.3f} | {100 * r['survival']:.1f}% | "
-                     f"{100 * r['ceiling_trained']:.1f}% | {100 * r['ceiling_wider']:.1f}% |")
-    table = "\n".join(lines)
+    result = expansion_study(decoder, tokenizer, prompts, args.out, run_spec(args),
+                             category_temperature=args.category_temperature, trained=trained, wider=wider,
+                             eos_only=not args.all_responses)
+    table = expansion_table(result)
     with open(os.path.join(args.out, "expansion.md"), "w") as f:
         f.write(table + "\n")
     print(table)
@@ -176,39 +152,19 @@ def run_determinism(args) -> int:
     prompts = load_all_prompts(args)
     os.makedirs(args.out, exist_ok=True)
     decoder, tokenizer = load_decoder(args, args.category_temperature)
-    sampling = sampling_of(args)
-    # what the responses and points depend on (not --truncations: a larger one extends a run)
-    settings = dict(run_settings(decoder, run_spec(args), args.category_temperature, measure_speedup=False),
-                    datasets=args.datasets, num_prompts=args.num_prompts, samples=args.samples)
-    responses = target_responses(decoder, tokenizer, prompts, os.path.join(args.out, "responses.jsonl"),
-                                 sampling=sampling, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                                 stop_token_ids=stop_token_ids(decoder.target.model, tokenizer), settings=settings,
-                                 progress=not args.no_progress)
-    points = determinism_points(decoder, responses, os.path.join(args.out, "points.jsonl"), sampling=sampling,
-                                truncations=args.truncations, samples=args.samples, seed=args.seed,
-                                settings=settings, progress=not args.no_progress)
-    determinism = [p["determinism"] for p in points]
-    arms = [(drafter_label(args.drafter), bin_by_determinism(determinism, [p["expected_accepted"] for p in points]))]
-    result = {"settings": vars(args) | {"out": args.out}, "bins": arms[0][1], "points": points}
-    gains = None  # the drafter's relative gain over the baseline per bin, when there is one
+    baseline = None
     if args.baseline is not None:
-        second = load_second_decoder(args, decoder, args.baseline, args.category_temperature)
-        baseline_settings = dict(settings, drafter=model_name(args.baseline),
-                                 drafter_digest=checkpoint_digest(args.baseline), branches=second.proposer.num_branches)
-        others = baseline_points(second, responses, points, os.path.join(args.out, "baseline_points.jsonl"),
-                                 sampling=sampling, seed=args.seed, settings=baseline_settings,
-                                 progress=not args.no_progress)
-        arms.append((drafter_label(args.baseline),
-                     bin_by_determinism(determinism, [p["expected_accepted"] for p in others])))
-        gains = [relative_gain(a["mean"], b["mean"]) for a, b in zip(arms[0][1], arms[1][1])]
-        result["baseline"] = {"drafter": model_name(args.baseline), "bins": arms[1][1], "points": others,
-                              "gains": gains}
-    with open(os.path.join(args.out, "determinism.json"), "w") as f:
-        json.dump(result, f, indent=2, default=str)
+        baseline = Baseline(load_second_decoder(args, decoder, args.baseline, args.category_temperature),
+                            drafter_label(args.baseline), model_name(args.baseline), checkpoint_digest(args.baseline))
+    # what the responses and points depend on (not --truncations: a larger one extends a run)
+    _, arms, gains = determinism_study(
+        decoder, tokenizer, prompts, args.out, run_spec(args), category_temperature=args.category_temperature,
+        truncations=args.truncations, samples=args.samples, label=drafter_label(args.drafter),
+        settings_extra=dict(datasets=args.datasets, num_prompts=args.num_prompts, samples=args.samples),
+        baseline=baseline, arguments=vars(args) | {"out": args.out})
     table = determinism_table(arms, gains)
     with open(os.path.join(args.out, "determinism.md"), "w") as f:
         f.write(table + "\n")
-    plot_determinism(os.path.join(args.out, "determinism.png"), arms, gains)
     print(table)
     return 0
 

@@ -7,8 +7,8 @@ import sys
 
 from ..drafter_io import checkpoint_digest
 from ..embedded_drafters import resolve_drafter
-from ..eval.calibration import (CALIBRATION_FRACTION, DEFAULT_GRID, calibrate_category_temperature, parse_grid,
-                                split_prompts)
+from ..eval.calibration import (CALIBRATION_FRACTION, DEFAULT_GRID, calibrate_category_temperature, calibrated_label,
+                                parse_grid, split_prompts)
 from ..eval.datasets import load_dataset_list
 from ..eval.report import contention_lines, write_report
 from ..eval.runner import RunSpec, evaluate
@@ -107,8 +107,7 @@ def run(args) -> int:
     records, settings = evaluate(decoder, tokenizer, prompts, os.path.join(args.out, "records.jsonl"),
                                  run_spec(args), category_temperature=z, measure_speedup=args.measure_speedup)
     if calibrating:
-        settings = dict(settings, category_temperature=f"{z} (calibrated on a 10% split)" if calibration
-                        else "K = 1 (none; the 10% calibration split held out)")
+        settings = dict(settings, category_temperature=calibrated_label(z, calibration is not None))
     summary = write_report(args.out, records, settings, eos_only=not args.all_responses)
     print_summary(summary, args.out)
     return 0

@@ -105,3 +105,9 @@ def calibrate_category_temperature(decoder, tokenizer, prompts: Sequence[Prompt]
         json.dump(result, f, indent=2)
     plot_calibration(os.path.join(out_dir, "calibration.png"), result)
     return result["best"], evaluation_prompts, result
+
+
+def calibrated_label(z: float, calibrated: bool) -> str:
+    """How a report names a calibrated run's Z_T (`calibrated` False: a K = 1 drafter, which has none)."""
+    share = f"{100 * CALIBRATION_FRACTION:.0f}%"
+    return f"{z} (calibrated on a {share} split)" if calibrated else f"K = 1 (none; the {share} calibration split held out)"

@@ -9,9 +9,12 @@ sampled from the target's filtered distribution (Eq 24).
 `dblast diagnose determinism` measures both at truncation points of the target's own
 responses; `target_responses` and `determinism_points` keep each response and point as one
 line of a file as soon as it is done, so a rerun into the same folder resumes."""
+import json
+import os
 import random
 import sys
 import zlib
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -23,10 +26,11 @@ from ..sampling import SamplingParams
 from ..target import TargetAdapter
 from ..jsonl import read_jsonl
 from ..progress import progress_bar
-from ..target_loading import encode_messages
+from ..target_loading import encode_messages, stop_token_ids
 from ..prompts import Prompt, chat_messages
 from .records import append_record, read_done_records
-from .runner import response_seed
+from .report import plot_determinism
+from .runner import response_seed, run_settings
 
 BIN_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -199,3 +203,50 @@ def determinism_table(arms, gains=None) -> str:
             row.append("-" if gains[k] is None else f"{100 * gains[k]:+.0f}%")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+@dataclass
+class Baseline:
+    """A second drafter measured at the same truncation points (DBLast Figure 1)."""
+
+    decoder: SpeculativeDecoder
+    label: str           # its name in tables and plots
+    drafter: str         # its name in the records' settings
+    drafter_digest: str
+
+
+def determinism_study(decoder: SpeculativeDecoder, tokenizer, prompts: Sequence[Prompt], out_dir: str, spec,
+                      *, category_temperature: float, truncations: int, samples: int, label: str,
+                      settings_extra: dict, baseline: Optional[Baseline] = None, arguments: Optional[dict] = None):
+    """The determinism diagnostic end to end, resumable under `out_dir`: the target's responses
+    to `prompts`, `truncations` points in them with their early determinism (`samples` target
+    blocks each) and the drafter's first cycle there, binned; with a `baseline`, its first cycles
+    at the same points and the drafter's relative gain per bin. Writes determinism.json and
+    determinism.png; returns (the result, [(label, bins)] per arm, the gains or None).
+    `spec`: the run's eval.runner.RunSpec; `settings_extra`: what else the responses and points
+    depend on (they resume only with equal settings); `arguments`: recorded as the run's."""
+    sampling = spec.sampling
+    settings = dict(run_settings(decoder, spec, category_temperature, measure_speedup=False), **settings_extra)
+    responses = target_responses(decoder, tokenizer, prompts, os.path.join(out_dir, "responses.jsonl"),
+                                 sampling=sampling, max_new_tokens=spec.max_new_tokens, seed=spec.seed,
+                                 stop_token_ids=stop_token_ids(decoder.target.model, tokenizer), settings=settings,
+                                 progress=spec.progress)
+    points = determinism_points(decoder, responses, os.path.join(out_dir, "points.jsonl"), sampling=sampling,
+                                truncations=truncations, samples=samples, seed=spec.seed, settings=settings,
+                                progress=spec.progress)
+    determinism = [p["determinism"] for p in points]
+    arms = [(label, bin_by_determinism(determinism, [p["expected_accepted"] for p in points]))]
+    result = {"settings": arguments or {}, "bins": arms[0][1], "points": points}
+    gains = None  # the drafter's relative gain over the baseline per bin, when there is one
+    if baseline is not None:
+        baseline_settings = dict(settings, drafter=baseline.drafter, drafter_digest=baseline.drafter_digest,
+                                 branches=baseline.decoder.proposer.num_branches)
+        others = baseline_points(baseline.decoder, responses, points, os.path.join(out_dir, "baseline_points.jsonl"),
+                                 sampling=sampling, seed=spec.seed, settings=baseline_settings, progress=spec.progress)
+        arms.append((baseline.label, bin_by_determinism(determinism, [p["expected_accepted"] for p in others])))
+        gains = [relative_gain(a["mean"], b["mean"]) for a, b in zip(arms[0][1], arms[1][1])]
+        result["baseline"] = {"drafter": baseline.drafter, "bins": arms[1][1], "points": others, "gains": gains}
+    with open(os.path.join(out_dir, "determinism.json"), "w") as f:
+        json.dump(result, f, indent=2, default=str)
+    plot_determinism(os.path.join(out_dir, "determinism.png"), arms, gains)
+    return result, arms, gains

@@ -21,7 +21,7 @@ from .records import append_record, make_record, read_done_records
 class RunSpec:
     """What a run's records are made with, besides the decoder and Z_T: the names its settings
     record for the target and drafter (and the drafter's checkpoint digest), the filter, the
-    length limit and the run seed."""
+    length limit and the run seed; and whether it shows progress."""
 
     target: str
     drafter: str
