@@ -1,12 +1,18 @@
 """Reading and writing drafters in the DFlash checkpoint format (config.json +
 model.safetensors), with DBLast's branch head under `dblast_config`. Loading never runs
-code from the checkpoint."""
+code from the checkpoint.
+
+Training may scale the target features channel by channel before `fc`
+(`set_feature_scale`); saving folds the scale into `fc.weight`, so a checkpoint never holds
+it and stays a plain DFlash one."""
 import hashlib
 import json
 import os
 from typing import Optional
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from .drafter import DBlastDrafter, DrafterConfig
@@ -192,10 +198,56 @@ def load_drafter(path: str, target=None, num_branches: Optional[int] = None, *,
     return drafter
 
 
+class FeatureScaledLinear(nn.Linear):
+    """The drafter's `fc` with a per-channel scale on its input: fc(x * scale). The scale is a
+    non-persistent buffer, so the state dict keeps DFlash's names (`fc.weight`, no bias) and
+    gradients reach the weight as through a plain Linear."""
+
+    def __init__(self, weight: nn.Parameter, scale: torch.Tensor):
+        super().__init__(weight.shape[1], weight.shape[0], bias=False, device="meta")
+        self.weight = weight
+        self.register_buffer("feature_scale", scale.to(weight.device, weight.dtype), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x * self.feature_scale.to(x.dtype), self.weight)
+
+
+@torch.no_grad()
+def set_feature_scale(drafter: DBlastDrafter, scale: torch.Tensor, *, keep_function: bool) -> None:
+    """Makes the drafter read its target features times `scale` [L*H] (one factor per input
+    channel of `fc`). `keep_function` divides `fc.weight` by the scale so the drafter computes
+    what it did before (for a trained checkpoint); otherwise the weights stay as they are (a
+    fresh initialisation meets well-scaled features). A per-channel scale only: DFlash's `fc`
+    has no bias, so a mean shift could not be folded into the checkpoint."""
+    if isinstance(drafter.fc, FeatureScaledLinear):
+        raise ValueError("the drafter's features are scaled already")
+    weight = drafter.fc.weight
+    if scale.shape != (weight.shape[1],):
+        raise ValueError(f"feature scale must have shape ({weight.shape[1]},) (fc's input channels), "
+                         f"got {tuple(scale.shape)}")
+    if not bool(torch.all(torch.isfinite(scale) & (scale > 0))):
+        raise ValueError("feature scale must be finite and > 0 in every channel")
+    if keep_function:
+        weight.copy_((weight.double() / scale.to(weight.device).double()).to(weight.dtype))
+    drafter.fc = FeatureScaledLinear(weight, scale)
+
+
+def folded_state_dict(drafter: DBlastDrafter) -> dict:
+    """The drafter's state dict in the checkpoint format: with scaled features, `fc.weight *
+    scale` (broadcast over the output rows), which reads raw features to the same result."""
+    state = {k: v.detach() for k, v in drafter.state_dict().items()}
+    scale = getattr(drafter.fc, "feature_scale", None)
+    if scale is not None:
+        weight = state["fc.weight"]
+        state["fc.weight"] = (weight.double() * scale.to(weight.device).double()).to(weight.dtype)
+    return state
+
+
 def save_pretrained(drafter: DBlastDrafter, path: str) -> None:
-    """Writes config.json + model.safetensors; K = 1 drafters stay loadable as DFlash."""
+    """Writes config.json + model.safetensors (a feature scale folded into `fc.weight`); K = 1
+    drafters stay loadable as DFlash."""
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config_to_json(drafter.config), f, indent=2)
-    state = {k: v.detach().contiguous() for k, v in drafter.state_dict().items()}
+    state = {k: v.contiguous() for k, v in folded_state_dict(drafter).items()}
     save_file(state, os.path.join(path, "model.safetensors"))

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from dblast_ext.training.losses import (accepted_length_surrogate, decay_weights, flat_step_weights,
-                                        gather_branch_logprobs, nll_independent, nll_mixture)
+from dblast_ext.training.losses import (accepted_length_surrogate, decay_weights, distillation_loss,
+                                        flat_step_weights, gather_branch_logprobs, nll_independent, nll_mixture)
 from peak_memory import peak_extra_bytes
 
 
@@ -151,6 +151,79 @@ def test_bad_shapes_and_settings_fail_clearly():
         nll_independent(target, torch.ones(3, 5), torch.ones(4))
 
 
+def test_decay_weights_are_dflash_exponentials():
+    assert decay_weights(4, 7.0).tolist() == pytest.approx([1.0, math.exp(-1 / 7), math.exp(-2 / 7), math.exp(-3 / 7)])
+    lp = torch.tensor([[-1.0, -2.0, -3.0]])
+    w = decay_weights(3, 2.0)
+    expected = 1.0 + 2.0 * math.exp(-0.5) + 3.0 * math.exp(-1.0)
+    assert nll_independent(lp, torch.ones(1, 3), w).item() == pytest.approx(expected)
+    with pytest.raises(ValueError, match="gamma"):
+        decay_weights(3, 0.0)
+
+
+def distillation_by_hand(prior, branch, topk, teacher, mask, weights):
+    """Per block: sum_i w_i * -sum_v p~_i(v) log sum_z pi(z | x_<i) q_i(v | z), the posterior
+    updated one label at a time, in plain floats."""
+    blocks, K, b, k = topk.shape
+    total = 0.0
+    for n in range(blocks):
+        post = torch.softmax(prior[n], -1).tolist()
+        for i in range(valid_length(mask[n].tolist())):
+            p = [math.exp(float(teacher[n, i, v])) for v in range(k)]
+            p = [x / sum(p) for x in p]
+            q = [sum(post[z] * math.exp(float(topk[n, z, i, v])) for z in range(K)) for v in range(k)]
+            total += float(weights[i]) * -sum(p[v] * math.log(q[v]) for v in range(k))
+            label = [post[z] * math.exp(float(branch[n, z, i])) for z in range(K)]
+            post = [x / sum(label) for x in label]
+    return total / blocks
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_distillation_loss_by_hand(K):
+    g = torch.Generator().manual_seed(1)
+    blocks, b, k = 3, 4, 5
+    prior = torch.randn(blocks, K, generator=g, dtype=torch.float64)
+    branch = -torch.rand(blocks, K, b, generator=g, dtype=torch.float64) * 3
+    topk = -torch.rand(blocks, K, b, k, generator=g, dtype=torch.float64) * 4
+    teacher = -torch.rand(blocks, b, k, generator=g, dtype=torch.float64) * 5   # not normalised over the k ids
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 1], [1, 0, 0, 0]])
+    weights = decay_weights(b, 3.0).double()
+    got = distillation_loss(prior, branch, topk, teacher, mask, weights).item()
+    assert got == pytest.approx(distillation_by_hand(prior, branch, topk, teacher, mask, weights), rel=1e-12)
+
+
+def test_distillation_on_a_one_hot_target_is_the_mixture_nll():
+    """With all the target's mass on the label, the soft term is Eq 8: its conditionals
+    multiply to the mixture likelihood."""
+    prior, branch, _ = random_case(2)
+    g = torch.Generator().manual_seed(2)
+    others = -torch.rand(*branch.shape, 3, generator=g, dtype=torch.float64) * 4
+    topk = torch.cat([branch.unsqueeze(-1), others], -1)                       # id 0 is the label
+    teacher = torch.tensor([0.0, -1e4, -1e4, -1e4], dtype=torch.float64).expand(3, 5, 4)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 1, 1, 1]])
+    assert distillation_loss(prior, branch, topk, teacher, mask).item() == \
+        pytest.approx(nll_mixture(prior, branch, mask).item(), rel=1e-10)
+
+
+def test_distillation_gradients_match_finite_differences():
+    prior, branch, _ = random_case(4, blocks=2, K=2, b=3)
+    g = torch.Generator().manual_seed(4)
+    topk = -torch.rand(2, 2, 3, 4, generator=g, dtype=torch.float64) * 2
+    teacher = -torch.rand(2, 3, 4, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    inputs = tuple(t.clone().requires_grad_() for t in (prior, branch, topk))
+    assert torch.autograd.gradcheck(lambda p, q, t: distillation_loss(p, q, t, teacher, mask), inputs)
+
+
+def test_distillation_shapes_are_checked():
+    prior, branch, _ = random_case(0)
+    topk, teacher = torch.zeros(3, 4, 5, 2), torch.zeros(3, 5, 2)
+    with pytest.raises(ValueError, match="teacher_topk_logprobs"):
+        distillation_loss(prior, branch, topk, teacher[:, :4], torch.ones(3, 5))
+    with pytest.raises(ValueError, match="branch_topk_logprobs"):
+        distillation_loss(prior, branch, topk[:, :, :4], teacher, torch.ones(3, 5))
+
+
 def direct_logprobs(hidden, lm_head, labels, ew=None, eb=None):
     states = hidden.unsqueeze(-2)
     if ew is not None:
@@ -182,12 +255,37 @@ def test_gather_branch_logprobs_equals_the_unchunked_computation(branches, recom
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_gather_branch_logprobs_memory_is_bounded_by_the_chunk():
+@pytest.mark.parametrize("recompute", [True, False])
+@pytest.mark.parametrize("branches", [1, 4])
+def test_several_ids_per_row_equal_the_unchunked_computation(branches, recompute):
+    """The label and the target's top-k of every row from one pass: [..., K, J]."""
+    g = torch.Generator().manual_seed(1)
+    H, V, J = 16, 50, 6
+    hidden = torch.randn(2, 7, H, generator=g, requires_grad=True)
+    lm_head = torch.randn(V, H, generator=g) / 4
+    ids = torch.randint(0, V, (2, 7, J), generator=g)
+    ew = (torch.randn(branches * H, H, generator=g) * 0.2).requires_grad_() if branches > 1 else None
+    eb = (torch.randn(branches * H, generator=g) * 0.1).requires_grad_() if branches > 1 else None
+    got = gather_branch_logprobs(hidden, lm_head, ids, ew, eb, chunk_size=4, recompute=recompute)
+    want = torch.stack([direct_logprobs(hidden, lm_head, ids[..., j], ew, eb) for j in range(J)], -1)
+    assert got.shape == (2, 7, branches, J)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    params = [t for t in (hidden, ew, eb) if t is not None]
+    weights = torch.randn(got.shape, generator=g)
+    for a, b in zip(torch.autograd.grad((got * weights).sum(), params),
+                    torch.autograd.grad((want * weights).sum(), params)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="labels must have shape"):
+        gather_branch_logprobs(hidden, lm_head, ids[:, :6])
+
+
+@pytest.mark.parametrize("ids_per_row", [None, 33])
+def test_gather_branch_logprobs_memory_is_bounded_by_the_chunk(ids_per_row):
     g = torch.Generator().manual_seed(0)
     rows, K, H, V = 512, 4, 32, 20000
     hidden = torch.randn(rows, H, generator=g, requires_grad=True)
     lm_head = torch.randn(V, H, generator=g) / 6
-    labels = torch.randint(0, V, (rows,), generator=g)
+    labels = torch.randint(0, V, (rows,) if ids_per_row is None else (rows, ids_per_row), generator=g)
     ew, eb = torch.randn(K * H, H, generator=g) * 0.1, torch.zeros(K * H)
     full_logits = rows * K * V * 4
 

@@ -1,7 +1,9 @@
 """The trainer end to end on a tiny target (with a peaked LM head, so there is something to
 learn) and a DFlash-format drafter: learning, exact resume, block expansion, from-scratch
-initialisation, checkpoints that load and decode, and config errors."""
+initialisation, checkpoints that load and decode, the position weights, feature scaling
+folded into the saved drafter, and config errors."""
 import json
+import math
 import os
 import random
 
@@ -17,6 +19,8 @@ from dblast_ext.eval.datasets import load_prompts  # noqa: E402
 from dblast_ext.target_loading import load_target  # noqa: E402
 from dblast_ext.training.config import TrainConfig, load_config, validate  # noqa: E402
 from dblast_ext.training.data import generate_training_data  # noqa: E402
+from dblast_ext.drafter_io import set_feature_scale  # noqa: E402
+from dblast_ext.training.block_forward import block_inputs, drafter_block_hidden  # noqa: E402
 from dblast_ext.training.trainer import (STATE_FILE, _Distributed, default_target_layers, lr_factor,  # noqa: E402
                                          position_weights, train)
 from tiny_models import write_dflash_checkpoint, write_tiny_target_dir  # noqa: E402
@@ -63,15 +67,16 @@ def heldout_expected_accepted(target_dir, drafter, prompts_file):
     return sum(values) / len(values)
 
 
-@pytest.mark.parametrize("objective,branches", [("al", 4), ("nll", 4), ("nll", 1)])
-def test_training_lowers_the_loss_and_raises_held_out_acceptance(world, objective, branches):
+@pytest.mark.parametrize("objective,branches,distill", [("al", 4, 0.0), ("nll", 4, 0.5), ("nll", 1, 0.0)])
+def test_training_lowers_the_loss_and_raises_held_out_acceptance(world, objective, branches, distill):
     root, target_dir, drafter_dir, _ = world
-    c = config(world, f"learn-{objective}-{branches}", objective=objective, num_branches=branches, max_steps=300,
-               save_every=150, lr=1e-2)
+    name = f"learn-{objective}-{branches}-{distill}"
+    c = config(world, name, objective=objective, num_branches=branches, max_steps=300, save_every=150, lr=1e-2,
+               distill_weight=distill)
     result = train(c, progress=False)
     losses = [h["loss"] for h in result["history"]]
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10
-    evals = [json.loads(line) for line in open(root / f"learn-{objective}-{branches}" / "eval_log.jsonl")]
+    evals = [json.loads(line) for line in open(root / name / "eval_log.jsonl")]
     assert [e["step"] for e in evals] == [150, 300]
     model, _ = load_target(target_dir, device="cpu")
     before = load_drafter(drafter_dir, target=model, num_branches=branches if branches > 1 else None)
@@ -157,8 +162,19 @@ def test_a_checkpoint_loads_and_decodes_like_the_target(world):
         assert decoder.generate(ids, SamplingParams(0.0), max_new_tokens=16).token_ids == expected[0, len(ids):].tolist()
 
 
+def test_position_weights_are_the_dflash_decay_times_the_flat_step(world):
+    decay = [math.exp(-k / 7) for k in range(5)]
+    assert position_weights(config(world, "w"), 5, None).tolist() == pytest.approx(decay)   # gamma 7 by default
+    stepped = position_weights(config(world, "w", new_position_weight=3.0), 5, 4).tolist()
+    assert stepped == pytest.approx([w * (3 if k >= 3 else 1) for k, w in enumerate(decay)])
+    assert position_weights(config(world, "w", decay=2.5), 3, None).tolist() == \
+        pytest.approx([1, math.exp(-1 / 2.5), math.exp(-2 / 2.5)])
+    for uniform in (None, 0):
+        assert position_weights(config(world, "w", decay=uniform), 5, None) is None
+
+
 def test_block_expansion_trains_the_new_positions_with_the_flat_step(world):
-    c = config(world, "expand", block_size=6, new_position_weight=3.0, max_steps=6, save_every=6)
+    c = config(world, "expand", block_size=6, new_position_weight=3.0, decay=None, max_steps=6, save_every=6)
     assert position_weights(c, 5, 4).tolist() == [1, 1, 1, 3, 3]
     result = train(c, progress=False)
     assert load_drafter(result["final"]).config.block_size == 6
@@ -172,6 +188,49 @@ def test_an_expansion_without_the_tail_weight_says_so(world, capsys):
     train(config(world, "expand-weighted", block_size=6, new_position_weight=3.0, max_steps=2, save_every=2),
           progress=False)
     assert "weighted like the others" not in capsys.readouterr().err
+
+
+def block_hidden(drafter, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    features = torch.randn(2, 12, len(drafter.config.target_layer_ids) * drafter.config.hidden_size, generator=g)
+    table = torch.randn(100, drafter.config.hidden_size, generator=g)
+    anchors, input_ids = torch.tensor([[2, 7], [5, 8]]), torch.randint(3, 90, (2, 12), generator=g)
+    inputs = block_inputs(drafter, lambda ids: table[ids], input_ids, anchors)
+    with torch.no_grad():
+        return drafter_block_hidden(drafter, inputs["embeddings"], inputs["positions"], features, anchors)
+
+
+def test_the_saved_drafter_is_dflash_format_and_computes_the_trained_one(world):
+    """Checkpoints hold fc with the feature scale folded in (DFlash's keys, nothing more) and
+    give what the drafter computed during training: the unfolded weights and the scale in
+    the trainer state."""
+    c = config(world, "scaled", max_steps=4, save_every=4)
+    assert c.feature_scaling == "rms"
+    result = train(c, progress=False)
+    state = torch.load(os.path.join(c.out, "checkpoint-0000004", STATE_FILE), weights_only=False)
+    scale = state["feature_scale"]
+    assert scale.shape == (2 * 64,) and not torch.allclose(scale, torch.ones_like(scale))
+    saved = load_drafter(result["final"])
+    assert set(saved.state_dict()) == set(state["drafter"])
+    trained = load_drafter(result["final"])
+    trained.load_state_dict(state["drafter"])
+    set_feature_scale(trained, scale, keep_function=False)
+    assert not torch.allclose(trained.fc.weight, saved.fc.weight)
+    torch.testing.assert_close(block_hidden(saved), block_hidden(trained), rtol=1e-5, atol=1e-5)
+
+
+def test_a_run_from_before_the_new_fields_resumes_with_their_old_values(world):
+    c = config(world, "legacy", feature_scaling="none", decay=None, max_steps=6, save_every=3)
+    train(c, progress=False, stop_at_step=3)
+    path = os.path.join(c.out, "checkpoint-0000003", STATE_FILE)
+    state = torch.load(path, weights_only=False)
+    for key in ("distill_weight", "feature_scaling"):
+        del state["config"][key]
+    del state["drafter"], state["feature_scale"]       # an older trainer's state: the weights in model.safetensors
+    torch.save(state, path)
+    with pytest.raises(ValueError, match=r"decay None -> 7\.0; feature_scaling 'none' -> 'rms'"):
+        train(config(world, "legacy", max_steps=6, save_every=3), progress=False)
+    assert [h["step"] for h in train(c, progress=False)["history"]] == [4, 5, 6]
 
 
 def test_from_scratch_initialisation(world):
@@ -199,6 +258,12 @@ def test_train_command_runs_a_config_file(world, capsys):
     ({"data": "/nonexistent.jsonl"}, "dblast data generate"),
     ({"init_from": None}, "mask_token_id"),
     ({"al_variant": "some"}, "al_variant"),
+    ({"decay": 0.9}, "decay must be null or 0"),
+    ({"decay": -2}, "decay"),
+    ({"decay": True}, "decay"),
+    ({"distill_weight": 1.5}, "distill_weight"),
+    ({"distill_weight": 0.5}, "distill_weight 0.5 applies to the nll objective only"),
+    ({"feature_scaling": "std"}, "feature_scaling"),
 ])
 def test_bad_configs_fail_clearly(world, change, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):

@@ -51,6 +51,7 @@ def drafter_block_hidden(drafter: DBlastDrafter, block_embeddings: torch.Tensor,
     c = drafter.config
     rows, context_len = context_features.shape[:2]
     dtype = drafter.fc.weight.dtype
+    # with feature scaling, fc is drafter_io.FeatureScaledLinear: fc(x * scale), as at inference
     context = drafter.hidden_norm(drafter.fc(context_features.to(dtype)))
     ctx_positions = torch.arange(context_len, device=context.device).expand(rows, context_len)
     ctx_rope = rotary_tables(ctx_positions, c.head_dim, c.rope_theta)

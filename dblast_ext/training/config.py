@@ -11,6 +11,9 @@
       "num_branches": 4, "block_size": 16,
       "objective": "al", "tau": 0.1, "al_variant": "all_prefixes",
       "new_position_weight": 3.0,            # DBloom flat step on positions a block expansion adds
+      "decay": 7,                            # DFlash position weights exp(-(k-1)/7); null or 0: uniform
+      "distill_weight": 0.0,                 # nll only: (1 - w) * hard labels + w * the target's top-32
+      "feature_scaling": "rms",              # target features / their RMS per channel, folded into fc on save
       "num_anchors": 8, "batch_size": 4, "grad_accum": 1,
       "lr": 6e-4, "weight_decay": 0.0, "warmup_ratio": 0.04, "max_grad_norm": 1.0,
       "epochs": 1, "max_steps": null,
@@ -44,7 +47,9 @@ class TrainConfig:
     tau: float = 0.1
     al_variant: str = "all_prefixes"
     new_position_weight: float = 1.0
-    decay: Optional[float] = None
+    decay: Optional[float] = 7.0
+    distill_weight: float = 0.0
+    feature_scaling: str = "rms"
     num_anchors: int = 8
     batch_size: int = 4
     grad_accum: int = 1
@@ -68,9 +73,30 @@ class TrainConfig:
         return asdict(self)
 
 
+# What runs made before a field existed trained with: a saved config without the field is
+# compared as if it held this value.
+LEGACY_VALUES = {"distill_weight": 0.0, "feature_scaling": "none"}
+FEATURE_SCALINGS = ("rms", "none")
+
+
 def _positive(name, value):
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_decay(decay) -> None:
+    """`decay` is DFlash's gamma: position k weighs exp(-(k-1)/gamma). null or 0: uniform."""
+    if decay is None or (_is_number(decay) and decay == 0):
+        return
+    if not _is_number(decay) or not decay > 1:
+        # earlier versions read decay r in (0, 1] as weights r^(k-1): refused, never reinterpreted
+        raise ValueError(f"training config: decay must be null or 0 (uniform position weights) or gamma > 1 "
+                         f"(weights exp(-(k-1)/gamma), DFlash: 7), got {decay!r}; a weight r^(k-1) is "
+                         f"gamma = -1/ln(r)")
 
 
 def validate(c: TrainConfig, flags: Optional[Dict[str, str]] = None) -> TrainConfig:
@@ -101,8 +127,15 @@ def validate(c: TrainConfig, flags: Optional[Dict[str, str]] = None) -> TrainCon
         raise ValueError(f"training config: autocast must be 'auto', 'bfloat16' or 'off', got {c.autocast!r}")
     if not c.new_position_weight > 0:
         raise ValueError(f"{name('new_position_weight')} must be > 0, got {c.new_position_weight}")
-    if c.decay is not None and not 0 < c.decay <= 1:
-        raise ValueError(f"training config: decay must be in (0, 1], got {c.decay}")
+    _check_decay(c.decay)
+    if not _is_number(c.distill_weight) or not 0 <= c.distill_weight <= 1:
+        raise ValueError(f"training config: distill_weight must be a number in [0, 1], got {c.distill_weight!r}")
+    if c.distill_weight > 0 and c.objective != "nll":
+        raise ValueError(f"training config: distill_weight {c.distill_weight} applies to the nll objective only "
+                         f"({name('objective')} is {c.objective!r}); set distill_weight to 0")
+    if c.feature_scaling not in FEATURE_SCALINGS:
+        raise ValueError(f"training config: feature_scaling must be one of {FEATURE_SCALINGS}, "
+                         f"got {c.feature_scaling!r}")
     from ..drafter_io import checkpoint_files
     from ..target_loading import check_target_path
 

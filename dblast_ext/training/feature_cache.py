@@ -1,18 +1,38 @@
-"""The target's context features of a training-data file, computed once and kept on disk.
+"""The target's outputs on a training-data file, computed once and kept on disk.
 
-The target is frozen, so the features the drafter reads (the hidden states of its target
-layers at every position of a record) are the same every epoch and for every drafter that
-reads the same layers: the target forward, about half of an online training step on a CPU,
-runs once per data file instead of once per batch. The cache is a safetensors file, opened
-memory-mapped, with every record's features back to back (`features` [total tokens, L*H] in
-the target's dtype) and `offsets` [records + 1]; its metadata names the data file's content
-hash, the target and the layers, and a cache that does not match is rebuilt, never read.
-Two trainers that start together do not both build it: a file lock makes the second wait.
+The target is frozen, so what the drafter learns from at every position of a record is the
+same every epoch and for every drafter that reads the same layers: the target forward, about
+half of an online training step on a CPU, runs once per data file instead of once per batch.
+One forward gives, at every position t:
+
+- the context features (the hidden states of the drafter's target layers), in bfloat16
+  whether cached or computed online (`target_pass`), so a run reads the same features either
+  way, at half the disk and memory of float32;
+- the target's 32 likeliest next tokens (position t predicts token t + 1) with their
+  log-probabilities, log_softmax of the raw logits at temperature 1, and the logits'
+  log-sum-exp: the soft labels of distillation. The logits are computed a few hundred rows
+  at a time from the final hidden states, so [tokens, V] never exists.
+
+The cache is a safetensors file, opened memory-mapped, with every record's rows back to back
+and `offsets` [records + 1] delimiting them:
+
+    features         [tokens, L*H]  bfloat16
+    topk_ids         [tokens, k]    int32      k = 32 (the vocabulary if smaller)
+    topk_logprobs    [tokens, k]    float32
+    logsumexp        [tokens]       float32
+    response_sq_sum  [L*H]          float64    sum of squared features over response tokens
+    response_count   [1]            int64      the number of response tokens
+
+Its metadata names the format, the data file's content hash, the target, the layers, the
+dtypes and k; a cache that does not match (one of an earlier format included) is rebuilt,
+never read. Two trainers that start together do not both build it: a file lock makes the
+second wait.
 """
 import fcntl
 import hashlib
 import os
-from typing import List, Sequence
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from safetensors import safe_open
@@ -21,7 +41,13 @@ from safetensors.torch import save_file
 from ..target import last_position_logits_arguments
 from ..progress import progress_bar
 
-__all__ = ["FeatureCache", "cache_key"]
+__all__ = ["FeatureCache", "TargetPass", "cache_key", "target_pass", "response_feature_stats", "rms_feature_scale",
+           "FEATURE_DTYPE", "TOP_K"]
+
+FORMAT = "2"                   # 1: features in the target's dtype, nothing else
+FEATURE_DTYPE = torch.bfloat16
+TOP_K = 32
+LOGIT_ROWS = 256               # target logits rows at a time: [256, V] float32 is 50 MB for V = 49,152
 
 
 def file_digest(path: str) -> str:
@@ -43,22 +69,141 @@ def _target_fingerprint(target_name: str) -> str:
     return ";".join(f"{f}:{st.st_size}:{st.st_mtime_ns}" for f, st in stats)
 
 
-def cache_key(data_path: str, target_name: str, layer_ids: Sequence[int], dtype: torch.dtype) -> dict:
-    """What a cache file must have been made from to be read (its safetensors metadata)."""
-    return {"data_sha256": file_digest(data_path), "target": os.path.abspath(target_name)
+def cache_key(data_path: str, target_name: str, layer_ids: Sequence[int], dtype: torch.dtype, top_k: int) -> dict:
+    """What a cache file must have been made from to be read (its safetensors metadata).
+    `dtype` is the target's compute dtype; `top_k` the number of next-token ids kept."""
+    return {"format": FORMAT, "data_sha256": file_digest(data_path), "target": os.path.abspath(target_name)
             if os.path.isdir(target_name) else target_name, "target_files": _target_fingerprint(target_name),
-            "layer_ids": ",".join(str(int(i)) for i in layer_ids), "dtype": str(dtype).replace("torch.", "")}
+            "layer_ids": ",".join(str(int(i)) for i in layer_ids), "dtype": str(dtype).replace("torch.", ""),
+            "feature_dtype": str(FEATURE_DTYPE).replace("torch.", ""), "top_k": str(int(top_k))}
+
+
+# ---------------------------------------------------------------------------------------------
+# one target forward
+
+
+@dataclass
+class TargetPass:
+    features: torch.Tensor                        # [N, T, L*H] FEATURE_DTYPE
+    topk_ids: Optional[torch.Tensor] = None       # [N, T, k] int64: position t's likeliest next tokens
+    topk_logprobs: Optional[torch.Tensor] = None  # [N, T, k] float32: their log_softmax (temperature 1)
+    logsumexp: Optional[torch.Tensor] = None      # [N, T] float32: log sum exp of the logits
+
+
+def topk_logprobs(lm_head, final_hidden: torch.Tensor, k: int, vocab_size: int, rows: int = LOGIT_ROWS) \
+        -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids [..., k] int64, log-probs [..., k] float32, log-sum-exp [...] float32) of the
+    logits lm_head(final_hidden)[..., :vocab_size], `rows` positions at a time."""
+    flat = final_hidden.reshape(-1, final_hidden.shape[-1])
+    ids, logprobs, lse = [], [], []
+    for start in range(0, flat.shape[0], rows):
+        logits = lm_head(flat[start:start + rows])[..., :vocab_size].float()
+        norm = torch.logsumexp(logits, dim=-1)
+        values, top = logits.topk(k, dim=-1)
+        ids.append(top)
+        logprobs.append(values - norm[:, None])
+        lse.append(norm)
+    shape = final_hidden.shape[:-1]
+    if not ids:
+        return (torch.zeros(*shape, k, dtype=torch.long), torch.zeros(*shape, k), torch.zeros(shape))
+    return torch.cat(ids).view(*shape, k), torch.cat(logprobs).view(*shape, k), torch.cat(lse).view(shape)
+
+
+def _check_head_gives_logits(lm_head, final_hidden: torch.Tensor, logits: torch.Tensor) -> None:
+    """The top-k is computed as lm_head(last hidden state); a target whose logits are anything
+    else (logit scaling, soft-capping, a pre-norm last hidden state) would be misread: refuse it."""
+    ours, theirs = lm_head(final_hidden).float(), logits.float()
+    if not torch.allclose(ours, theirs, rtol=1e-2, atol=1e-2 * (1 + float(theirs.abs().max()))):
+        raise ValueError("the target's logits are not its LM head applied to its last hidden state (logit "
+                         "scaling or soft-capping?): its top-k log-probabilities cannot be computed here")
+
+
+@torch.no_grad()
+def target_pass(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, top_k: int = 0) -> TargetPass:
+    """One inference-mode forward of the target (a TargetAdapter) over right-padded rows: the
+    context features of every position and, with `top_k` > 0, its top-k next-token
+    log-probabilities (full-vocabulary logits only `LOGIT_ROWS` positions at a time)."""
+    out = target.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                       **last_position_logits_arguments(target.model))
+    features = target.features(out.hidden_states).to(FEATURE_DTYPE)
+    if not top_k:
+        return TargetPass(features)
+    head, final = target.model.get_output_embeddings(), out.hidden_states[-1]
+    _check_head_gives_logits(head, final[:, -1], out.logits[:, -1])
+    ids, logprobs, lse = topk_logprobs(head, final, min(top_k, target.vocab_size), target.vocab_size)
+    return TargetPass(features, ids, logprobs, lse)
+
+
+def _padded_batches(records: List[dict], batch_size: int, device) \
+        -> Iterator[Tuple[List[int], torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(record indices, input ids, attention mask, loss mask), right-padded, records sorted by
+    length (little padding per batch)."""
+    order = sorted(range(len(records)), key=lambda i: len(records[i]["input_ids"]))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        longest = max(len(records[i]["input_ids"]) for i in chunk)
+        ids = torch.zeros(len(chunk), longest, dtype=torch.long)
+        mask = torch.zeros(len(chunk), longest, dtype=torch.long)
+        loss_mask = torch.zeros(len(chunk), longest, dtype=torch.long)
+        for n, i in enumerate(chunk):
+            tokens = records[i]["input_ids"]
+            ids[n, : len(tokens)] = torch.tensor(tokens)
+            mask[n, : len(tokens)] = 1
+            loss_mask[n, : len(tokens)] = torch.tensor(records[i]["loss_mask"])
+        yield chunk, ids.to(device), mask.to(device), loss_mask
+
+
+def _add_response_stats(sq_sum: torch.Tensor, count: int, features: torch.Tensor, loss_mask: torch.Tensor) -> int:
+    """Adds the squared features of the response tokens into sq_sum [F] (float64); returns the
+    new token count."""
+    picked = features[loss_mask.to(features.device).bool()].double()
+    sq_sum += picked.pow(2).sum(0).cpu()
+    return count + picked.shape[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# feature scaling statistics
+
+
+def response_feature_stats(records: List[dict], target, *, batch_size: int = 8, progress: bool = True) \
+        -> Tuple[torch.Tensor, int]:
+    """(sum of squared features [L*H] float64, token count) over the response tokens of
+    `records`, by one target pass (what a feature cache stores, for runs without one)."""
+    sq_sum, count = torch.zeros(len(target.layer_ids) * target.model.config.hidden_size, dtype=torch.float64), 0
+    bar = progress_bar(len(records), desc="feature statistics", unit="record", enabled=progress)
+    for chunk, ids, mask, loss_mask in _padded_batches(records, batch_size, target.device):
+        count = _add_response_stats(sq_sum, count, target_pass(target, ids, mask).features, loss_mask)
+        bar.update(len(chunk))
+    bar.close()
+    return sq_sum, count
+
+
+def rms_feature_scale(sq_sum: torch.Tensor, count: int) -> torch.Tensor:
+    """1 / RMS of each feature channel over the response tokens, float32 [L*H]: every channel
+    then reaches `fc` with unit RMS, where raw features have a few channels holding most of a
+    token's energy. A channel that is zero throughout keeps scale 1."""
+    if count <= 0:
+        raise ValueError("feature scaling needs response tokens in the training data; it has none")
+    rms = (sq_sum / count).sqrt()
+    return torch.where(rms > 0, 1.0 / rms.clamp(min=1e-30), torch.ones_like(rms)).float()
+
+
+# ---------------------------------------------------------------------------------------------
+# the cache
 
 
 class FeatureCache:
-    """Features of every record of one data file: `batch(indices, length)` gives them padded
-    like `objective.collate` pads the tokens."""
+    """The target's outputs on every record of one data file: `batch(indices, length)` and
+    `batch_topk(indices, length)` give them padded like `objective.collate` pads the tokens."""
 
     def __init__(self, path: str):
         self.path = path
         self._file = safe_open(path, framework="pt")
         self.offsets = self._file.get_tensor("offsets").tolist()
         self._features = self._file.get_slice("features")
+        self._topk_ids = self._file.get_slice("topk_ids")
+        self._topk_logprobs = self._file.get_slice("topk_logprobs")
+        self._logsumexp = self._file.get_slice("logsumexp")
 
     @classmethod
     def open_or_build(cls, directory: str, records: List[dict], data_path: str, target_name: str, target,
@@ -66,7 +211,7 @@ class FeatureCache:
         """The cache of `records` (read from `data_path`) under `directory`, built first if
         it is missing or was made from anything else. `target` is the TargetAdapter."""
         dtype = next(target.model.parameters()).dtype
-        key = cache_key(data_path, target_name, target.layer_ids, dtype)
+        key = cache_key(data_path, target_name, target.layer_ids, dtype, min(TOP_K, target.vocab_size))
         name = f"{os.path.splitext(os.path.basename(data_path))[0]}-{key['data_sha256'][:12]}-" \
                f"L{key['layer_ids'].replace(',', '_')}.safetensors"
         os.makedirs(directory, exist_ok=True)
@@ -80,16 +225,38 @@ class FeatureCache:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    @property
+    def top_k(self) -> int:
+        return self._topk_ids.get_shape()[1]
+
     def record(self, index: int) -> torch.Tensor:
         return self._features[self.offsets[index]:self.offsets[index + 1]]
 
-    def batch(self, indices: Sequence[int], length: int, device) -> torch.Tensor:
-        """[N, length, L*H], zero after each record's end (positions no query ever sees)."""
-        rows = [self.record(i) for i in indices]
-        out = torch.zeros(len(rows), length, rows[0].shape[-1], dtype=rows[0].dtype)
+    def _padded(self, source, indices: Sequence[int], length: int, dtype=None) -> torch.Tensor:
+        """Rows of `source` for each record, zero after each record's end (positions no loss reads)."""
+        rows = [source[self.offsets[i]:self.offsets[i + 1]] for i in indices]
+        out = torch.zeros(len(rows), length, *rows[0].shape[1:], dtype=dtype or rows[0].dtype)
         for n, row in enumerate(rows):
             out[n, : row.shape[0]] = row
-        return out.to(device)
+        return out
+
+    def batch(self, indices: Sequence[int], length: int, device) -> torch.Tensor:
+        """Features [N, length, L*H] (bfloat16), zero after each record's end."""
+        return self._padded(self._features, indices, length).to(device)
+
+    def batch_topk(self, indices: Sequence[int], length: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The target's top-k next tokens at every position: ids [N, length, k] int64 and
+        log-probabilities [N, length, k] float32, zero after each record's end."""
+        return (self._padded(self._topk_ids, indices, length, torch.long).to(device),
+                self._padded(self._topk_logprobs, indices, length).to(device))
+
+    def batch_logsumexp(self, indices: Sequence[int], length: int, device) -> torch.Tensor:
+        """The target logits' log-sum-exp [N, length] float32, zero after each record's end."""
+        return self._padded(self._logsumexp, indices, length).to(device)
+
+    def response_feature_stats(self) -> Tuple[torch.Tensor, int]:
+        """(sum of squared features [L*H] float64, token count) over the response tokens."""
+        return self._file.get_tensor("response_sq_sum"), int(self._file.get_tensor("response_count")[0])
 
 
 def _matches(path: str, key: dict, count: int) -> bool:
@@ -102,29 +269,25 @@ def _matches(path: str, key: dict, count: int) -> bool:
 
 @torch.no_grad()
 def _build(path: str, records: List[dict], target, key: dict, batch_size: int, progress: bool) -> None:
-    extra = last_position_logits_arguments(target.model)
-    device = target.device
-    order = sorted(range(len(records)), key=lambda i: len(records[i]["input_ids"]))  # little padding per batch
-    pieces: List[torch.Tensor] = [None] * len(records)
+    top_k = int(key["top_k"])
+    pieces = {name: [None] * len(records) for name in ("features", "topk_ids", "topk_logprobs", "logsumexp")}
+    sq_sum, count = torch.zeros(len(target.layer_ids) * target.model.config.hidden_size, dtype=torch.float64), 0
     bar = progress_bar(len(records), desc="target features", unit="record", enabled=progress)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        longest = max(len(records[i]["input_ids"]) for i in chunk)
-        ids = torch.zeros(len(chunk), longest, dtype=torch.long)
-        mask = torch.zeros(len(chunk), longest, dtype=torch.long)
+    for chunk, ids, mask, loss_mask in _padded_batches(records, batch_size, target.device):
+        out = target_pass(target, ids, mask, top_k=top_k)
+        count = _add_response_stats(sq_sum, count, out.features, loss_mask)
         for n, i in enumerate(chunk):
-            tokens = records[i]["input_ids"]
-            ids[n, : len(tokens)] = torch.tensor(tokens)
-            mask[n, : len(tokens)] = 1
-        out = target.model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True,
-                           **extra)
-        features = target.features(out.hidden_states).cpu()
-        for n, i in enumerate(chunk):
-            pieces[i] = features[n, : len(records[i]["input_ids"])].clone()
+            length = len(records[i]["input_ids"])
+            pieces["features"][i] = out.features[n, :length].to("cpu", copy=True)
+            pieces["topk_ids"][i] = out.topk_ids[n, :length].to("cpu", torch.int32, copy=True)
+            pieces["topk_logprobs"][i] = out.topk_logprobs[n, :length].to("cpu", copy=True)
+            pieces["logsumexp"][i] = out.logsumexp[n, :length].to("cpu", copy=True)
         bar.update(len(chunk))
     bar.close()
-    lengths = torch.tensor([0] + [p.shape[0] for p in pieces])
-    tensors = {"features": torch.cat(pieces), "offsets": torch.cumsum(lengths, 0)}
+    lengths = torch.tensor([0] + [p.shape[0] for p in pieces["features"]])
+    tensors = {name: torch.cat(rows) for name, rows in pieces.items()}
+    tensors.update(offsets=torch.cumsum(lengths, 0), response_sq_sum=sq_sum,
+                   response_count=torch.tensor([count], dtype=torch.int64))
     partial = path + ".partial"
     save_file(tensors, partial, metadata=key)
     os.replace(partial, path)   # readers never see a half-written cache

@@ -10,8 +10,9 @@ end of a response is cut there); masked positions contribute nothing.
 Reduction, the same for all: the mean over blocks (every leading dimension) of the
 per-block value, where the per-block value is the paper's expression (Eq 7 and 8 sum over
 the block's positions, Eq 15 over the retained prefixes). Optional `position_weights` [b]
-scale each position's term (Eq 7, 8) or each prefix term l (Eq 15): DBloom's flat step
-(`flat_step_weights`) or an exponential decay (`decay_weights`).
+scale each position's term (Eq 7, 8, the distillation term) or each prefix term l (Eq 15):
+DFlash's exponential decay (`decay_weights`), DBloom's flat step (`flat_step_weights`), or
+their product.
 """
 import math
 from typing import Optional
@@ -142,14 +143,55 @@ def flat_step_weights(num_draft: int, boundary: int, weight: float) -> torch.Ten
 
 
 def decay_weights(num_draft: int, gamma: float) -> torch.Tensor:
-    """gamma^(k-1) at draft position k: the front of the block, where acceptance is decided,
-    weighs most."""
-    if not 0 < gamma <= 1:
-        raise ValueError(f"gamma must lie in (0, 1], got {gamma}")
-    return gamma ** torch.arange(num_draft, dtype=torch.float32)
+    """DFlash's position weights exp(-(k-1)/gamma) at draft position k = 1..num_draft: the
+    front of the block, where acceptance is decided, weighs most (gamma 7 for B = 16)."""
+    if not gamma > 0:
+        raise ValueError(f"gamma must be > 0, got {gamma}")
+    return torch.exp(-torch.arange(num_draft, dtype=torch.float32) / gamma)
+
+
+def distillation_loss(prior_logits: torch.Tensor, branch_token_logprobs: torch.Tensor,
+                      branch_topk_logprobs: torch.Tensor, teacher_topk_logprobs: torch.Tensor, mask: torch.Tensor,
+                      position_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Soft cross-entropy from the target's top-k distribution to the drafter's, mean over blocks.
+
+    Inputs: prior_logits [..., K]; branch_token_logprobs [..., K, b], log q_i(x_i | z) of the
+    block's labels; branch_topk_logprobs [..., K, b, k], log q_i(v | z) at the target's k ids
+    S_i; teacher_topk_logprobs [..., b, k], the target's log p_i(v) at those ids. The target's
+    distribution is renormalised over its ids, p~_i(v) = p_i(v) / sum_{u in S_i} p_i(u), and per
+    block
+
+        sum_i w_i * -sum_{v in S_i} p~_i(v) log q(v | y, x_<i),
+        q(v | y, x_<i) = sum_z pi(z | x_<i) q_i(v | z),   pi(z | x_<i) ~ pi_z prod_{j<i} q_j(x_j | z),
+
+    over the valid positions i: the posterior-updated soft mixture of Eq 10-12, whose
+    conditionals at the labels multiply to Eq 8's likelihood, so with a one-hot p~ the term is
+    Eq 8 (unweighted) and with K = 1 it is the usual distillation cross-entropy."""
+    if branch_token_logprobs.shape[:-1] != prior_logits.shape:
+        raise ValueError(f"branch_token_logprobs {tuple(branch_token_logprobs.shape)} must be [..., K, b] with "
+                         f"[..., K] = prior_logits' shape {tuple(prior_logits.shape)}")
+    if branch_topk_logprobs.shape[:-1] != branch_token_logprobs.shape:
+        raise ValueError(f"branch_topk_logprobs {tuple(branch_topk_logprobs.shape)} must be [..., K, b, k] with "
+                         f"[..., K, b] = branch_token_logprobs' shape {tuple(branch_token_logprobs.shape)}")
+    block_shape = branch_token_logprobs.shape[:-2] + branch_token_logprobs.shape[-1:]
+    expected = tuple(block_shape) + tuple(branch_topk_logprobs.shape[-1:])
+    if tuple(teacher_topk_logprobs.shape) != expected:
+        raise ValueError(f"teacher_topk_logprobs must have shape {expected}, got {tuple(teacher_topk_logprobs.shape)}")
+    _check_mask(mask, block_shape, "branch_token_logprobs")
+    dtype = torch.promote_types(branch_topk_logprobs.dtype, torch.float32)
+    token_lp = branch_token_logprobs.to(dtype)
+    # log pi(z | x_<i): the prior times the labels' likelihood strictly before i, normalised over z
+    before = torch.cumsum(token_lp, -1) - token_lp
+    log_post = F.log_softmax(F.log_softmax(prior_logits.to(dtype), -1).unsqueeze(-1) + before, dim=-2)
+    log_q = torch.logsumexp(log_post.unsqueeze(-1) + branch_topk_logprobs.to(dtype), dim=-3)   # [..., b, k]
+    teacher = torch.softmax(teacher_topk_logprobs.to(dtype), -1)                               # p~ over S_i
+    per_position = -(teacher * log_q).sum(-1)
+    w = _weights(position_weights, per_position.shape[-1], per_position)
+    return (per_position * valid_positions(mask).to(dtype) * w).sum(-1).mean()
 
 
 def _chunk_label_logprobs(hidden, labels, lm_head_weight, expander_weight, expander_bias):
+    """[rows, K, J] log-probabilities of labels [rows, J] for one chunk of rows."""
     rows, width = hidden.shape
     if expander_weight is not None:
         branches = expander_weight.shape[0] // width
@@ -157,36 +199,41 @@ def _chunk_label_logprobs(hidden, labels, lm_head_weight, expander_weight, expan
     else:
         states = hidden.unsqueeze(1)
     logits = F.linear(states.to(lm_head_weight.dtype), lm_head_weight).float()  # [rows, K, V] for this chunk only
-    picked = logits.gather(-1, labels.view(rows, 1, 1).expand(rows, states.shape[1], 1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(-1, labels.unsqueeze(1).expand(rows, states.shape[1], labels.shape[-1]))
+    return picked - torch.logsumexp(logits, dim=-1, keepdim=True)
 
 
 def gather_branch_logprobs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor,
                            expander_weight: Optional[torch.Tensor] = None,
                            expander_bias: Optional[torch.Tensor] = None, *, chunk_size: int = 1024,
                            vocab_size: Optional[int] = None, recompute: bool = True) -> torch.Tensor:
-    """log softmax(W h_z)[label] for every row and branch: hidden [..., H], labels [...],
-    lm_head_weight [V, H], expander Linear(H -> K*H) giving h_z = h + W_z h + b_z. Returns
-    [..., K] (K = 1 without an expander), float32. Runs `chunk_size` rows at a time under
-    activation checkpointing, so forward and backward hold one chunk's [chunk, K, V] logits,
-    never the whole [rows, K, V]; differentiable in hidden and the expander (and the LM head
-    if it requires grad). `vocab_size` drops padded LM-head rows. `recompute=False` keeps
-    every chunk's logits for the backward instead (one matmul fewer per chunk, the memory of
-    all of them: for when they fit)."""
+    """log softmax(W h_z)[label] for every row and branch: hidden [..., H], labels [...] (one id
+    per row) or [..., J] (J ids per row: the label and the target's top-k share one LM-head
+    matmul), lm_head_weight [V, H], expander Linear(H -> K*H) giving h_z = h + W_z h + b_z.
+    Returns [..., K] for one id per row, [..., K, J] for J (K = 1 without an expander),
+    float32. Runs `chunk_size` rows at a time under activation checkpointing, so forward and
+    backward hold one chunk's [chunk, K, V] logits, never the whole [rows, K, V];
+    differentiable in hidden and the expander (and the LM head if it requires grad).
+    `vocab_size` drops padded LM-head rows. `recompute=False` keeps every chunk's logits for
+    the backward instead (one matmul fewer per chunk, the memory of all of them: for when
+    they fit)."""
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
     width = hidden.shape[-1]
     if lm_head_weight.dim() != 2 or lm_head_weight.shape[1] != width:
         raise ValueError(f"lm_head_weight must be [V, {width}], got {tuple(lm_head_weight.shape)}")
-    if labels.shape != hidden.shape[:-1]:
-        raise ValueError(f"labels must have shape {tuple(hidden.shape[:-1])}, got {tuple(labels.shape)}")
+    single = labels.shape == hidden.shape[:-1]
+    if not single and not (labels.dim() == hidden.dim() and labels.shape[:-1] == hidden.shape[:-1]):
+        raise ValueError(f"labels must have shape {tuple(hidden.shape[:-1])} or {tuple(hidden.shape[:-1])} + (J,), "
+                         f"got {tuple(labels.shape)}")
     if expander_weight is not None and (expander_weight.dim() != 2 or expander_weight.shape[1] != width
                                         or expander_weight.shape[0] % width):
         raise ValueError(f"expander_weight must be [K*{width}, {width}], got {tuple(expander_weight.shape)}")
     weight = lm_head_weight[:vocab_size] if vocab_size is not None else lm_head_weight
     if labels.numel() and (labels.min() < 0 or labels.max() >= weight.shape[0]):
         raise ValueError(f"labels must lie in [0, {weight.shape[0]}), got [{int(labels.min())}, {int(labels.max())}]")
-    flat_hidden, flat_labels = hidden.reshape(-1, width), labels.reshape(-1)
+    per_row = 1 if single else labels.shape[-1]
+    flat_hidden, flat_labels = hidden.reshape(-1, width), labels.reshape(-1, per_row)
     pieces = []
     for start in range(0, flat_hidden.shape[0], chunk_size):
         args = (flat_hidden[start:start + chunk_size], flat_labels[start:start + chunk_size], weight,
@@ -194,9 +241,9 @@ def gather_branch_logprobs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, l
         needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
         pieces.append(checkpoint(_chunk_label_logprobs, *args, use_reentrant=False) if needs_grad and recompute
                       else _chunk_label_logprobs(*args))
-    branches = pieces[0].shape[-1] if pieces else (expander_weight.shape[0] // width if expander_weight is not None else 1)
-    out = torch.cat(pieces) if pieces else hidden.new_zeros(0, branches, dtype=torch.float32)
-    return out.view(*hidden.shape[:-1], branches)
+    branches = expander_weight.shape[0] // width if expander_weight is not None else 1
+    out = torch.cat(pieces) if pieces else hidden.new_zeros(0, branches, per_row, dtype=torch.float32)
+    return out.view(*hidden.shape[:-1], branches) if single else out.view(*hidden.shape[:-1], branches, per_row)
 
 
 @torch.no_grad()

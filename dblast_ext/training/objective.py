@@ -1,15 +1,17 @@
-"""One training batch to one loss: anchors, the target's context features, the drafter's
-many-block pass, the label log-probs of every branch, and the selected objective."""
+"""One training batch to one loss: anchors, the target's context features (and, for
+distillation, its top-k next-token log-probabilities), the drafter's many-block pass, the
+label log-probs of every branch, and the selected objective."""
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
-from ..target import TargetAdapter, last_position_logits_arguments
+from ..target import TargetAdapter
 from ..drafter import DBlastDrafter
 from .block_forward import block_inputs, drafter_block_hidden
-from .losses import accepted_length_proxy, accepted_length_surrogate, gather_branch_logprobs, nll_independent, \
-    nll_mixture
+from .feature_cache import TOP_K, target_pass
+from .losses import accepted_length_proxy, accepted_length_surrogate, distillation_loss, gather_branch_logprobs, \
+    nll_independent, nll_mixture
 
 
 @dataclass
@@ -63,22 +65,37 @@ def block_labels(batch: Batch, anchors: torch.Tensor, valid: torch.Tensor, block
     return take(batch.input_ids), take(batch.target_logprobs), mask
 
 
-@torch.no_grad()
+def block_teacher(teacher: Tuple[torch.Tensor, torch.Tensor], anchors: torch.Tensor, block_size: int):
+    """The target's top-k (ids, log-probs) [N, M, b, k] for every draft position: position k
+    of the block at a predicts x_{a+k}, the distribution the target gave at a+k-1."""
+    ids, logprobs = teacher
+    index = anchors[:, :, None] + torch.arange(block_size - 1, device=anchors.device)    # [N, M, b]
+    index = index.clamp(max=ids.shape[1] - 1).view(index.shape[0], -1, 1).expand(-1, -1, ids.shape[-1])
+    shape = anchors.shape + (block_size - 1, ids.shape[-1])
+    return ids.gather(1, index).view(shape), logprobs.gather(1, index).view(shape)
+
+
 def target_features(target: TargetAdapter, batch: Batch) -> torch.Tensor:
     """Context features [N, T, L*H] of every position (one inference-mode forward)."""
-    out = target.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True,
-                       **last_position_logits_arguments(target.model))
-    return target.features(out.hidden_states)
+    return target_pass(target, batch.input_ids, batch.attention_mask).features
 
 
 def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, objective: str, num_anchors: int,
                generator: torch.Generator, tau: float = 0.1, al_variant: str = "all_prefixes",
                position_weights: Optional[torch.Tensor] = None, chunk_size: int = 1024,
-               features: Optional[torch.Tensor] = None, recompute_logits: bool = True) -> Dict[str, torch.Tensor]:
+               features: Optional[torch.Tensor] = None, recompute_logits: bool = True, distill_weight: float = 0.0,
+               teacher: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
     """{"loss", "accepted_proxy", "blocks"} of one batch. `features` (the target's context
-    features) may be passed in when computed already."""
-    if features is None:
-        features = target_features(target, batch)
+    features) and `teacher` (its top-k ids and log-probs [N, T, k], `FeatureCache.batch_topk`)
+    may be passed in when computed already. With `distill_weight` w > 0 (objective nll only)
+    the loss is (1 - w) * the NLL + w * `distillation_loss`."""
+    if distill_weight and objective != "nll":
+        raise ValueError(f"distill_weight applies to the nll objective only, got objective {objective!r}")
+    need_teacher = distill_weight > 0 and teacher is None
+    if features is None or need_teacher:
+        out = target_pass(target, batch.input_ids, batch.attention_mask, top_k=TOP_K if need_teacher else 0)
+        features = out.features if features is None else features
+        teacher = (out.topk_ids, out.topk_logprobs) if need_teacher else teacher
     anchors, valid = sample_anchors(batch.loss_mask, num_anchors, generator)
     inputs = block_inputs(drafter, target.embed, batch.input_ids, anchors)
     hidden = drafter_block_hidden(drafter, inputs["embeddings"], inputs["positions"], features, anchors)
@@ -87,10 +104,14 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
     labels, target_lp, mask = block_labels(batch, anchors, valid, block)
     expander = ((drafter.branch_expander.weight, drafter.branch_expander.bias) if drafter.num_branches > 1
                 else (None, None))
-    logprobs = gather_branch_logprobs(hidden[:, :, 1:], target.lm_head_weight.detach(), labels, *expander,
+    ids = labels.unsqueeze(-1)
+    if distill_weight > 0:  # the label and the target's top-k in one LM-head pass per chunk
+        teacher_ids, teacher_lp = block_teacher(teacher, anchors, block)
+        ids = torch.cat([ids, teacher_ids], dim=-1)
+    logprobs = gather_branch_logprobs(hidden[:, :, 1:], target.lm_head_weight.detach(), ids, *expander,
                                       chunk_size=chunk_size, vocab_size=target.vocab_size,
-                                      recompute=recompute_logits)   # [N, M, b, K]
-    branch_lp = logprobs.transpose(-1, -2)                                                   # [N, M, K, b]
+                                      recompute=recompute_logits)   # [N, M, b, K, 1 + k]
+    branch_lp = logprobs[..., 0].transpose(-1, -2)                                           # [N, M, K, b]
     if drafter.num_branches > 1:
         prior_logits = drafter.prior_head(hidden[:, :, 0]).float()
     else:
@@ -104,6 +125,10 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
     if objective == "nll":
         loss = (nll_independent(branch_lp[:, 0], mask, position_weights) if drafter.num_branches == 1
                 else nll_mixture(prior_logits, branch_lp, mask, position_weights))
+        if distill_weight > 0:
+            soft = distillation_loss(prior_logits, branch_lp, logprobs[..., 1:].transpose(-2, -3)[keep],
+                                     teacher_lp[keep], mask, position_weights)
+            loss = (1 - distill_weight) * loss + distill_weight * soft
     elif objective == "al":
         loss = accepted_length_surrogate(prior_logits, branch_lp, target_lp, mask, tau=tau, variant=al_variant,
                                          position_weights=position_weights)

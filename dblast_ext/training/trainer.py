@@ -4,8 +4,9 @@ inference mode, the drafter trains on `num_anchors` blocks per sequence.
 Everything a step uses is a function of (seed, step): the data order (a seeded permutation
 per epoch) and the anchors (a generator seeded per micro-batch), so a run resumed from a
 checkpoint (drafter weights + optimizer + scheduler) continues exactly as if it had never
-stopped. Checkpoints are DFlash-compatible drafter directories (`load_drafter` reads them)
-with the trainer state beside the weights. Under `torchrun`, every process takes its own
+stopped. Checkpoints are DFlash-compatible drafter directories (`load_drafter` reads them;
+a feature scale is folded into `fc`) with the trainer state beside the weights, which holds
+the drafter as trained (unfolded) for the resume. Under `torchrun`, every process takes its own
 share of each step's batch and gradients are averaged across processes before the update.
 """
 import functools
@@ -24,12 +25,12 @@ from safetensors.torch import load_file
 
 from ..target import TargetAdapter
 from ..drafter import DBlastDrafter, DrafterConfig
-from ..drafter_io import check_against_target, load_drafter, save_pretrained
+from ..drafter_io import check_against_target, load_drafter, save_pretrained, set_feature_scale
 from ..progress import progress_bar
 from ..target_loading import default_device, load_target
-from .config import TrainConfig
+from .config import LEGACY_VALUES, TrainConfig
 from .data import read_training_data
-from .feature_cache import FeatureCache, file_digest
+from .feature_cache import FeatureCache, file_digest, response_feature_stats, rms_feature_scale
 from .losses import decay_weights, flat_step_weights
 from .objective import batch_loss, collate
 
@@ -97,12 +98,50 @@ def build_drafter(config: TrainConfig, target) -> (DBlastDrafter, Optional[int])
 
 
 def position_weights(config: TrainConfig, num_draft: int, trained_block: Optional[int]) -> Optional[torch.Tensor]:
+    """The weight of each draft position k = 1..b in every loss term: DFlash's decay
+    exp(-(k-1)/decay) (none when decay is null or 0) times DBloom's flat step
+    (new_position_weight at the positions a block expansion adds, 1 elsewhere)."""
     weights = torch.ones(num_draft)
     if trained_block is not None and trained_block - 1 < num_draft and config.new_position_weight != 1.0:
         weights = weights * flat_step_weights(num_draft, trained_block, config.new_position_weight)
-    if config.decay is not None:
+    if config.decay:
         weights = weights * decay_weights(num_draft, config.decay)
     return None if torch.all(weights == 1) else weights
+
+
+def feature_scale(config: TrainConfig, records: List[dict], target: TargetAdapter, cache: Optional[FeatureCache],
+                  progress: bool) -> Optional[torch.Tensor]:
+    """The per-channel scale of the target features (`feature_scaling`), from the training
+    data's response tokens: the cache's statistics, else one target pass over the data."""
+    if config.feature_scaling == "none":
+        return None
+    stats = cache.response_feature_stats() if cache else response_feature_stats(records, target, progress=progress)
+    return rms_feature_scale(*stats)
+
+
+def config_changes(saved: Dict, config: TrainConfig) -> List[str]:
+    """The fields in which a checkpoint's config differs from this run's; a field the saved
+    config predates counts as its LEGACY_VALUES value."""
+    now = config.to_json()
+    before = {key: saved.get(key, LEGACY_VALUES.get(key)) for key in now}
+    return [f"{key} {before[key]!r} -> {now[key]!r}" for key in now if before[key] != now[key]] + \
+        [f"{key} (gone)" for key in saved if key not in now]
+
+
+def resume_state(checkpoint: str, config: TrainConfig, identity: Dict, device) -> Dict:
+    """The trainer state of `checkpoint`, when it was made by this very run (config, data,
+    world size); an error naming what differs otherwise."""
+    state = torch.load(os.path.join(checkpoint, STATE_FILE), map_location=device, weights_only=False)
+    differences = config_changes(state["config"], config)
+    if differences:
+        raise ValueError(f"{config.out} holds a run with another config ({'; '.join(differences)}); "
+                         "use another out directory")
+    changed = [k for k, v in identity.items() if k in state and state[k] != v]
+    if changed:
+        raise ValueError(f"{config.out} holds a run made with another {' and '.join(changed)} "
+                         f"({', '.join(f'{k} {state[k]} -> {identity[k]}' for k in changed)}); "
+                         "use another out directory")
+    return state
 
 
 def lr_factor(step: int, total: int, warmup: int) -> float:
@@ -178,11 +217,18 @@ def _batch_indices(count: int, step: int, micro: int, config: TrainConfig, rank:
     return indices
 
 
-def _config_loss(drafter, target, batch, config: TrainConfig, weights, features, generator):
-    """batch_loss with the run's objective settings (training steps and held-out evaluation alike)."""
+def _config_loss(drafter, target, batch, config: TrainConfig, weights, generator, cache: Optional[FeatureCache],
+                 indices: List[int]):
+    """batch_loss with the run's objective settings (training steps and held-out evaluation
+    alike), on the cache's target outputs when there is one."""
+    length = batch.input_ids.shape[1]
+    features = cache.batch(indices, length, batch.input_ids.device) if cache else None
+    teacher = (cache.batch_topk(indices, length, batch.input_ids.device)
+               if cache and config.distill_weight > 0 else None)
     return batch_loss(drafter, target, batch, objective=config.objective, num_anchors=config.num_anchors,
                       generator=generator, tau=config.tau, al_variant=config.al_variant, position_weights=weights,
-                      chunk_size=config.chunk_size, features=features, recompute_logits=config.recompute_logits)
+                      chunk_size=config.chunk_size, features=features, recompute_logits=config.recompute_logits,
+                      distill_weight=config.distill_weight, teacher=teacher)
 
 
 def evaluate(drafter, target, records, config, weights, device, cache: Optional[FeatureCache] = None) \
@@ -193,9 +239,8 @@ def evaluate(drafter, target, records, config, weights, device, cache: Optional[
         for start in range(0, len(records), config.batch_size):
             indices = list(range(start, min(start + config.batch_size, len(records))))
             batch = collate([records[i] for i in indices], device)
-            features = cache.batch(indices, batch.input_ids.shape[1], device) if cache else None
-            out = _config_loss(drafter, target, batch, config, weights, features,
-                               torch.Generator().manual_seed(_seed(config.seed, "eval", start)))
+            out = _config_loss(drafter, target, batch, config, weights,
+                               torch.Generator().manual_seed(_seed(config.seed, "eval", start)), cache, indices)
             n = int(out["blocks"])
             totals["loss"] += float(out["loss"]) * n
             totals["accepted_proxy"] += float(out["accepted_proxy"]) * n
@@ -236,22 +281,22 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
     per_step = config.batch_size * config.grad_accum * parallel.world
     total = config.max_steps or config.epochs * math.ceil(len(records) / per_step)
     warmup = int(config.warmup_ratio * total)
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, warmup))
     # the data order and anchors follow from the records and the world size as well as the config
     identity = {"data_sha256": file_digest(config.data), "world_size": parallel.world}
-    start = 0
     resume_from = latest_checkpoint(config.out)
-    if resume_from:
-        state = torch.load(os.path.join(resume_from, STATE_FILE), map_location=device, weights_only=False)
-        if state["config"] != config.to_json():
-            raise ValueError(f"{config.out} holds a run with another config; use another out directory")
-        changed = [k for k, v in identity.items() if k in state and state[k] != v]
-        if changed:
-            raise ValueError(f"{config.out} holds a run made with another {' and '.join(changed)} "
-                             f"({', '.join(f'{k} {state[k]} -> {identity[k]}' for k in changed)}); "
-                             "use another out directory")
-        drafter.load_state_dict(load_file(os.path.join(resume_from, "model.safetensors"), device=str(device)))
+    state = resume_state(resume_from, config, identity, device) if resume_from else None
+    # the scale goes in before the optimizer sees fc; a resumed run reads it back, not recomputed
+    scale = (state.get("feature_scale") if state else
+             feature_scale(config, records, target, cache, progress and parallel.rank == 0))
+    if scale is not None:
+        set_feature_scale(drafter, scale.to(device), keep_function=trained_block is not None)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, warmup))
+    start = 0
+    if state:
+        # the drafter as trained; model.safetensors has fc folded (and is all a run before this field had)
+        drafter.load_state_dict(state["drafter"] if "drafter" in state else
+                                load_file(os.path.join(resume_from, "model.safetensors"), device=str(device)))
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         start = state["step"]
@@ -267,10 +312,9 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
         for micro in range(config.grad_accum):
             indices = _batch_indices(len(records), step, micro, config, parallel.rank, parallel.world)
             batch = collate([records[i] for i in indices], device)
-            features = cache.batch(indices, batch.input_ids.shape[1], device) if cache else None
             with autocast:
-                out = _config_loss(drafter, target, batch, config, weights, features, torch.Generator().manual_seed(
-                    _seed(config.seed, step, micro * parallel.world + parallel.rank)))
+                out = _config_loss(drafter, target, batch, config, weights, torch.Generator().manual_seed(
+                    _seed(config.seed, step, micro * parallel.world + parallel.rank)), cache, indices)
             n = int(out["blocks"])
             (out["loss"] * n).backward()
             loss_sum += float(out["loss"].detach()) * n
@@ -308,12 +352,16 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
 
 
 def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out, identity: Dict) -> str:
-    """`identity`: what else a resume must match (the data file's digest, the world size)."""
+    """`identity`: what else a resume must match (the data file's digest, the world size).
+    model.safetensors is the drafter to use (fc folded); the state file keeps the drafter as
+    trained and its feature scale, which a resume continues from bit for bit."""
     path = os.path.join(config.out, f"checkpoint-{step:07d}")
     save_pretrained(drafter, path)
     # the state file marks a complete checkpoint (latest_checkpoint looks for it): written whole or not at all
     partial = os.path.join(path, STATE_FILE + ".partial")
+    scale = getattr(drafter.fc, "feature_scale", None)
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "drafter": drafter.state_dict(), "feature_scale": None if scale is None else scale.detach().cpu(),
                 "config": config.to_json(), "held_out": held_out, **identity}, partial)
     os.replace(partial, os.path.join(path, STATE_FILE))
     if held_out is not None:
