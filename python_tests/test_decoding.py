@@ -340,8 +340,9 @@ def test_committed_tokens_follow_the_targets_distribution_at_every_position(tmp_
     accepted = []
     for seed in range(samples):
         oracle_dec, oracle = oracle_decoder(dec, branches, SMALL_PROMPT)
-        # a limit beyond the tokens counted, so the first cycle is never cut: its count is the verifier's
-        out = oracle_dec.generate(SMALL_PROMPT, sampling, max_new_tokens=length + block_size, seed=seed,
+        # room for the prefill's token and a whole first cycle (b + 1), so the first cycle is never
+        # cut by the limit: its count is the verifier's
+        out = oracle_dec.generate(SMALL_PROMPT, sampling, max_new_tokens=max(length, block_size + 1), seed=seed,
                                   on_tokens=oracle.on_tokens)
         assert oracle.prefix == SMALL_PROMPT + out.token_ids
         counts[tuple(out.token_ids[:length])] += 1
