@@ -42,13 +42,20 @@ def world(tmp_path_factory):
     return root, target_dir, str(root / "train.jsonl")
 
 
-def test_cached_features_equal_the_online_features(world):
+@pytest.fixture
+def cached(world):
+    """(the target, its adapter over layers 0 and 1, the records, their feature cache)."""
     root, target_dir, data = world
     model, _ = load_target(target_dir, device="cpu")
     target = TargetAdapter(model, [0, 1])
     records = read_training_data(data)
     cache = FeatureCache.open_or_build(str(root / "cache"), records, data, target_dir, target, batch_size=3,
                                        progress=False)
+    return model, target, records, cache
+
+
+def test_cached_features_equal_the_online_features(cached):
+    model, target, records, cache = cached
     assert len(cache) == len(records)
     indices = [5, 0, 17, 9]
     batch = collate([records[i] for i in indices], "cpu")
@@ -63,12 +70,8 @@ def test_cached_features_equal_the_online_features(world):
         assert torch.all(cached[n, length:] == 0)
 
 
-def test_top32_and_logsumexp_equal_a_direct_log_softmax(world):
-    root, target_dir, data = world
-    model, _ = load_target(target_dir, device="cpu")
-    records = read_training_data(data)
-    cache = FeatureCache.open_or_build(str(root / "cache"), records, data, target_dir, TargetAdapter(model, [0, 1]),
-                                       batch_size=3, progress=False)
+def test_top32_and_logsumexp_equal_a_direct_log_softmax(cached):
+    model, _, records, cache = cached
     assert cache.top_k == 32
     indices = [4, 11]
     length = max(len(records[i]["input_ids"]) for i in indices) + 2
@@ -89,13 +92,8 @@ def test_top32_and_logsumexp_equal_a_direct_log_softmax(world):
         assert torch.all(ids[n, count:] == 0) and torch.all(logprobs[n, count:] == 0) and torch.all(lse[n, count:] == 0)
 
 
-def test_the_response_feature_statistics_are_the_cached_features_squared(world):
-    root, target_dir, data = world
-    model, _ = load_target(target_dir, device="cpu")
-    target = TargetAdapter(model, [0, 1])
-    records = read_training_data(data)
-    cache = FeatureCache.open_or_build(str(root / "cache"), records, data, target_dir, target, batch_size=3,
-                                       progress=False)
+def test_the_response_feature_statistics_are_the_cached_features_squared(cached):
+    _, target, records, cache = cached
     sq_sum, count = cache.response_feature_stats()
     want, tokens = torch.zeros_like(sq_sum), 0
     for i, r in enumerate(records):

@@ -53,14 +53,21 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
     return anchors.to(loss_mask.device), valid.to(loss_mask.device)
 
 
+def at_draft_positions(t: torch.Tensor, anchors: torch.Tensor, block_size: int, shift: int) -> torch.Tensor:
+    """t [N, T, ...] at positions a + shift .. a + shift + b - 1 of every block anchored at a
+    (anchors [N, M]): [N, M, b, ...], positions past the end clamped to the last one."""
+    index = anchors[:, :, None] + torch.arange(shift, shift + block_size - 1, device=anchors.device)   # [N, M, b]
+    flat = index.clamp(max=t.shape[1] - 1).view(index.shape[0], -1)
+    rest = t.shape[2:]
+    picked = t.gather(1, flat.view(*flat.shape, *[1] * len(rest)).expand(*flat.shape, *rest))
+    return picked.view(*index.shape, *rest)
+
+
 def block_labels(batch: Batch, anchors: torch.Tensor, valid: torch.Tensor, block_size: int):
     """Labels, their target log-probs and the loss mask of every draft position: [N, M, b]
     (position k of the block at a predicts x_{a+k})."""
-    offsets = torch.arange(1, block_size, device=anchors.device)
-    index = anchors[:, :, None] + offsets                              # [N, M, b]
-    inside = index < batch.input_ids.shape[1]
-    index = index.clamp(max=batch.input_ids.shape[1] - 1)
-    take = lambda t: t.gather(1, index.view(index.shape[0], -1)).view(index.shape)  # noqa: E731
+    inside = anchors[:, :, None] + torch.arange(1, block_size, device=anchors.device) < batch.input_ids.shape[1]
+    take = lambda t: at_draft_positions(t, anchors, block_size, shift=1)  # noqa: E731
     mask = take(batch.loss_mask).bool() & inside & valid[:, :, None]
     return take(batch.input_ids), take(batch.target_logprobs), mask
 
@@ -69,10 +76,8 @@ def block_teacher(teacher: Tuple[torch.Tensor, torch.Tensor], anchors: torch.Ten
     """The target's top-k (ids, log-probs) [N, M, b, k] for every draft position: position k
     of the block at a predicts x_{a+k}, the distribution the target gave at a+k-1."""
     ids, logprobs = teacher
-    index = anchors[:, :, None] + torch.arange(block_size - 1, device=anchors.device)    # [N, M, b]
-    index = index.clamp(max=ids.shape[1] - 1).view(index.shape[0], -1, 1).expand(-1, -1, ids.shape[-1])
-    shape = anchors.shape + (block_size - 1, ids.shape[-1])
-    return ids.gather(1, index).view(shape), logprobs.gather(1, index).view(shape)
+    return (at_draft_positions(ids, anchors, block_size, shift=0),
+            at_draft_positions(logprobs, anchors, block_size, shift=0))
 
 
 def target_features(target: TargetAdapter, batch: Batch) -> torch.Tensor:
