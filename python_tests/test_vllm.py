@@ -129,3 +129,71 @@ def test_embedded_pair_accepts_drafts_at_temperature_one(embedded_prompts):
     assert counters["num_drafts"] > 0 and counters["num_accepted_tokens"] > 0, counters
     print(f"\nSmolLM2-135M-Instruct + dblast-k4 in vLLM at T 1.0: mean acceptance length "
           f"{1 + counters['num_accepted_tokens'] / counters['num_drafts']:.2f} over {counters['num_drafts']} drafts")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.load(response)
+
+
+def test_dblast_serve_answers_with_the_target_alone_output(embedded_prompts, tmp_path):
+    """`dblast serve` (the README's serving command) on this machine's loopback: the OpenAI
+    completions endpoint answers a greedy request with the target-alone tokens, and vLLM's
+    metrics count the drafts. The server is stopped at the end, whatever happens."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from dblast_ext.vllm.offline import cpu_runtime_env
+
+    prompt, tokens = embedded_prompts[0], 16
+    alone = run_in_subprocess(spec(default_target_dir(), None, 0.0, tokens, prompts=[prompt]))["outputs"][0]
+    port = _free_port()
+    env = cpu_runtime_env()
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # a server runs its engine in a process of its own
+    log = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "dblast_ext.cli", "serve", "--drafter", "dblast-k4", "--", "--host", "127.0.0.1",
+         "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert server.poll() is None, f"dblast serve exited with {server.returncode}: see {tmp_path / 'serve.log'}"
+            try:
+                with urllib.request.urlopen(base + "/v1/models", timeout=5) as response:
+                    model = json.load(response)["data"][0]["id"]
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "dblast serve did not answer within 600 s"
+                time.sleep(3)
+        answer = _post(base + "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": tokens,
+                                                   "temperature": 0, "return_token_ids": True})
+        assert answer["choices"][0]["token_ids"] == alone
+        with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
+            metrics = response.read().decode()
+        drafts = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                  if line.startswith("vllm:spec_decode_num_drafts_total")]
+        assert drafts and drafts[0] > 0
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()

@@ -4,10 +4,10 @@ import argparse
 import sys
 from typing import List, Optional
 
-from . import calibrate, compare, data, demo, diagnose, evaluate, generate, train
+from . import calibrate, compare, data, demo, diagnose, evaluate, generate, serve, train
 
 SUBCOMMANDS = {"demo": demo, "generate": generate, "eval": evaluate, "calibrate": calibrate, "compare": compare,
-               "diagnose": diagnose, "train": train, "data": data}
+               "diagnose": diagnose, "train": train, "data": data, "serve": serve}
 
 
 def build_parser() -> argparse.ArgumentParser:

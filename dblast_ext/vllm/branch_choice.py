@@ -14,8 +14,13 @@ target's distribution of the tokens being verified keeps the output exact; two a
 
 Pure torch, no vLLM: the plugin's model calls these, and the tests check them directly.
 """
+import os
+
 import torch
 
+# what `dblast serve` sets and the plugin's model reads in vLLM's processes
+CATEGORY_TEMPERATURE_ENV = "DBLAST_CATEGORY_TEMPERATURE"
+BRANCH_SEED_ENV = "DBLAST_BRANCH_SEED"
 _MASK32 = 0xFFFFFFFF
 _MULTIPLIER = 0x45D9F3B  # below 2**27, so a 32-bit value times it fits an int64 without overflow
 
@@ -54,3 +59,22 @@ def chosen_branch_states(hidden: torch.Tensor, branch: torch.Tensor, expander_we
     offsets = torch.nn.functional.linear(hidden, expander_weight, expander_bias).view(rows, -1, width)
     picked = offsets.gather(1, branch.view(rows, 1, 1).expand(rows, 1, width)).squeeze(1)
     return hidden + picked
+
+
+def settings_from_env(environ=None) -> tuple:
+    """(category temperature, seed) from DBLAST_CATEGORY_TEMPERATURE (default 0: the prior's
+    argmax) and DBLAST_BRANCH_SEED (default 0), with errors naming the variable."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(CATEGORY_TEMPERATURE_ENV) or "0"
+    try:
+        temperature = float(raw)
+    except ValueError:
+        temperature = float("nan")
+    if not 0 <= temperature < float("inf"):
+        raise ValueError(f"{CATEGORY_TEMPERATURE_ENV}={raw!r}: expected a finite number >= 0")
+    raw = environ.get(BRANCH_SEED_ENV) or "0"
+    try:
+        seed = int(raw)
+    except ValueError:
+        raise ValueError(f"{BRANCH_SEED_ENV}={raw!r}: expected an integer") from None
+    return temperature, seed

@@ -14,7 +14,6 @@ Everything else (context K/V from the target's hidden states, the shared embeddi
 the KV cache, batching, the rejection sampler) is vLLM's. Importing this module imports vLLM;
 `dblast_ext.vllm.register` names it lazily.
 """
-import os
 from collections.abc import Iterable
 
 import torch
@@ -22,34 +21,9 @@ from torch import nn
 from vllm.config import VllmConfig
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
-from .branch_choice import anchor_uniforms, choose_branches, chosen_branch_states
+from .branch_choice import anchor_uniforms, choose_branches, chosen_branch_states, settings_from_env
 
-CATEGORY_TEMPERATURE_ENV = "DBLAST_CATEGORY_TEMPERATURE"
-BRANCH_SEED_ENV = "DBLAST_BRANCH_SEED"
 _HEAD = ("branch_expander.", "prior_head.")
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected a number >= 0") from None
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"{name}={raw!r}: expected a finite number >= 0")
-    return value
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected an integer") from None
 
 
 class DBlastDFlashForCausalLM(DFlashQwen3ForCausalLM):
@@ -73,8 +47,7 @@ class DBlastDFlashForCausalLM(DFlashQwen3ForCausalLM):
                              "branch choice reads each request's anchor at a fixed stride of "
                              "1 + num_speculative_tokens query tokens")
         self.queries_per_request = 1 + spec.num_speculative_tokens
-        self.category_temperature = _env_float(CATEGORY_TEMPERATURE_ENV, 0.0)
-        self.branch_seed = _env_int(BRANCH_SEED_ENV, 0)
+        self.category_temperature, self.branch_seed = settings_from_env()
 
         hidden, dtype = config.hidden_size, vllm_config.model_config.dtype
         self.branch_expander = nn.Linear(hidden, self.num_branches * hidden, bias=True, dtype=dtype)

