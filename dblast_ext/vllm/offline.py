@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from typing import List, Optional
 
@@ -47,12 +48,15 @@ def run_in_subprocess(spec: dict, extra_env: Optional[dict] = None, timeout: flo
     """Runs `spec` in a fresh interpreter (see the module docstring) and returns its result."""
     env = cpu_runtime_env()
     env.update(extra_env or {})
-    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"dblast-vllm-{os.getpid()}-{time.monotonic_ns()}.json")
+    folder = tempfile.gettempdir()
+    path = os.path.join(folder, f"dblast-vllm-{os.getpid()}-{time.monotonic_ns()}.json")
     with open(path, "w") as f:
         json.dump(spec, f)
     try:
+        # run from a neutral folder: `-m` puts the working directory first on the path, and a
+        # source checkout there would shadow the installed (built) package
         done = subprocess.run([sys.executable, "-m", "dblast_ext.vllm.offline", path], env=env, capture_output=True,
-                              text=True, timeout=timeout)
+                              text=True, timeout=timeout, cwd=folder)
     finally:
         os.remove(path)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
