@@ -107,12 +107,19 @@ def test_the_response_feature_statistics_are_the_cached_features_squared(cached)
     torch.testing.assert_close(online_sum, sq_sum, rtol=1e-3, atol=0)
 
 
-def test_a_cache_of_the_earlier_format_is_rebuilt_not_read(world, tmp_path):
+def fresh_cache(world, folder):
+    """(the target, its adapter over layer 1, the records, their cache built anew in `folder`)."""
     _, target_dir, data = world
     model, _ = load_target(target_dir, device="cpu")
     target = TargetAdapter(model, [1])
     records = read_training_data(data)
-    first = FeatureCache.open_or_build(str(tmp_path), records, data, target_dir, target, progress=False)
+    return model, target, records, FeatureCache.open_or_build(str(folder), records, data, target_dir, target,
+                                                              progress=False)
+
+
+def test_a_cache_of_the_earlier_format_is_rebuilt_not_read(world, tmp_path):
+    model, target, records, first = fresh_cache(world, tmp_path)
+    _, target_dir, data = world
     with safe_open(first.path, framework="pt") as f:
         key = f.metadata()
     old_key = {k: v for k, v in key.items() if k not in ("format", "feature_dtype", "top_k")}
@@ -128,11 +135,8 @@ def test_a_cache_of_the_earlier_format_is_rebuilt_not_read(world, tmp_path):
 
 
 def test_cache_is_reused_and_rebuilt_when_the_data_changes(world, tmp_path):
+    model, target, records, first = fresh_cache(world, tmp_path)
     _, target_dir, data = world
-    model, _ = load_target(target_dir, device="cpu")
-    target = TargetAdapter(model, [1])
-    records = read_training_data(data)
-    first = FeatureCache.open_or_build(str(tmp_path), records, data, target_dir, target, progress=False)
     stamp = os.stat(first.path).st_mtime_ns
     again = FeatureCache.open_or_build(str(tmp_path), records, data, target_dir, target, progress=False)
     assert again.path == first.path and os.stat(again.path).st_mtime_ns == stamp   # read, not rebuilt
