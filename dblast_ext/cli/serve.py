@@ -11,6 +11,7 @@ import sys
 from ..default_target import DEFAULT_TARGET, resolve_target
 from ..drafter_io import DBLAST_ARCHITECTURE, DFLASH_ARCHITECTURE, checkpoint_files
 from ..target_loading import check_target_path
+from .common import read_checkpoint_config
 from ..vllm.branch_choice import BRANCH_SEED_ENV, CATEGORY_TEMPERATURE_ENV
 from ..vllm.offline import preload_env
 
@@ -43,21 +44,20 @@ def serve_command(args) -> tuple:
     """(argv, environment additions) of the `vllm serve` run `args` ask for."""
     target = resolve_target(args.target)
     check_target_path(target)
+    parsed = read_checkpoint_config(args.drafter, "--drafter")  # the package's reader: block, branches, checks
     config_path, _ = checkpoint_files(args.drafter)
     drafter = os.path.dirname(config_path)
-    with open(config_path) as f:
-        config = json.load(f)
-    architectures = config.get("architectures") or []
+    architectures = parsed.extra.get("architectures") or []
     if not set(architectures) & {DFLASH_ARCHITECTURE, DBLAST_ARCHITECTURE}:
         raise ValueError(f"drafter {args.drafter}: config.json architectures {architectures} name neither "
                          f"{DFLASH_ARCHITECTURE} nor {DBLAST_ARCHITECTURE}; load it and save it again with "
                          f"dblast_ext.save_pretrained, which writes them")
-    block = int((config.get("dflash_config") or {}).get("block_size", config.get("block_size", 16)))
+    block = parsed.block_size
     drafts = block - 1 if args.num_speculative_tokens is None else args.num_speculative_tokens
     if not 1 <= drafts <= block - 1:
         raise ValueError(f"--num-speculative-tokens must be in 1..{block - 1} (the drafter's block is {block}), "
                          f"got {drafts}")
-    branches = int((config.get("dblast_config") or {}).get("num_branches", 1))
+    branches = parsed.num_branches
     if not args.category_temperature >= 0 or args.category_temperature == float("inf"):
         raise ValueError(f"--category-temperature must be a finite number >= 0, got {args.category_temperature}")
     if args.category_temperature > 0 and branches == 1:
