@@ -1,4 +1,4 @@
-"""branch_verify and mixture_verify vs their references (DBLast's decode shape:
+"""branch_verify, mixture_verify and sample_tokens vs their references (DBLast's decode shape:
 b = 15, K = 4, V = 151936 (Qwen3), T = 1.0, top-k = 20, top-p = 0.95)."""
 import functools
 
@@ -45,3 +45,22 @@ def test_mixture_verify(timed, benchmark, device, rows, impl):
     case = mixture_case(rows, device)
     benchmark.extra_info["bytes"] = tensor_bytes(case["target_logits"]) + tensor_bytes(case["draft_logits"])
     timed(IMPLS[impl].mixture_verify, **case, **SETTINGS.kwargs())
+
+
+@functools.lru_cache(maxsize=2)
+def sample_case(rows, device):
+    g = torch.Generator().manual_seed(rows)
+    logits = (torch.randn(rows, 49152, generator=g) * 3).to(torch.bfloat16)
+    children = torch.randint(-1, 49152, (rows, 4), generator=g)
+    uniforms = torch.rand(rows, generator=g, dtype=torch.float64)
+    return to_device(dict(logits=logits, uniforms=uniforms, query_tokens=children), device)
+
+
+@pytest.mark.parametrize("impl", ["op", "reference"])
+@pytest.mark.parametrize("rows", [61])
+def test_sample_tokens(timed, benchmark, device, rows, impl):
+    """Trie verification's per-cycle draw: every node of a K = 4, b = 15 trie (SmolLM2's V)."""
+    benchmark.group = f"sample_tokens {device} R={rows} C=4 V=49152 bf16"
+    case = sample_case(rows, device)
+    benchmark.extra_info["bytes"] = tensor_bytes(case["logits"])
+    timed(IMPLS[impl].sample_tokens, **case, **SETTINGS.kwargs())

@@ -35,6 +35,12 @@ TORCH_LIBRARY(dblast, m) {
       "mixture_verify(Tensor target_logits, Tensor draft_logits, Tensor branch_prior, Tensor draft_tokens, "
       "Tensor uniforms, float temperature, int top_k, float top_p, float draft_temperature, bool validate) "
       "-> (Tensor, Tensor, Tensor)");
+  // The target's filtered inverse-CDF draw for many rows at once (the verifiers' filter and
+  // final-token rule), plus the filtered probability of each row's query tokens (trie
+  // verification: a node's draw and the chance of descending to each of its children).
+  m.def(
+      "sample_tokens(Tensor logits, Tensor uniforms, float temperature, int top_k, float top_p, "
+      "Tensor query_tokens, bool validate) -> (Tensor, Tensor)");
   // Fused K-branch expansion + LM-head argmax (DBLast Eq 13, Decoding step 2): per row and
   // branch, the argmax token, its logit and the logsumexp, never materialising all logits.
   m.def(

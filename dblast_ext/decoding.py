@@ -1,6 +1,7 @@
 """The speculative decode loop: a Hugging Face causal LM as the target, a proposer (by default
-a DBlastDrafter, `proposer.DrafterProposer`) drafting blocks, exact greedy-branch verification
-(`branch_verify`) in between.
+a DBlastDrafter, `proposer.DrafterProposer`) drafting blocks, exact verification in between:
+greedy-branch (`branch_verify`, one branch per cycle) or trie verification (`verify="tree"`,
+every branch in one target pass; dblast_ext.trie).
 
 One cycle (docs/design.md, "The decode cycle"; DBLast Algorithm 1):
 1. propose: K greedy branches of b tokens after the anchor and the category prior;
@@ -9,6 +10,9 @@ One cycle (docs/design.md, "The decode cycle"; DBLast Algorithm 1):
 4. verify: accepted drafts n, then a correction or bonus token;
 5. crop the target cache to the committed length (the proposer only ever caches committed
    context); the accepted tokens' features are the next cycle's new context.
+With verify="tree", steps 2-4 become: merge the K branches into a trie, one target forward over
+[anchor, trie nodes] under a tree mask, one `sample_tokens` draw per node, the walk; step 5 keeps
+the committed path's cache entries.
 """
 import time
 from dataclasses import dataclass, field, replace
@@ -20,9 +24,10 @@ from . import ops, reference
 from .drafter import DBlastDrafter
 from .drafter_io import check_against_target
 from .draft_vocabulary import DraftVocab
-from .proposer import DrafterProposer, Proposal, Proposer, check_proposer
+from .proposer import DrafterProposer, Proposal, Proposer, check_proposal, check_proposer
 from .sampling import SamplingParams, sample_from_logits
 from .target import TargetAdapter
+from .trie import build_trie
 
 __all__ = ["SpeculativeDecoder", "SamplingParams", "GenerationOutput", "CycleRecord", "sample_autoregressive",
            "choose_branch"]
@@ -39,6 +44,10 @@ class CycleRecord:
     prior: List[float]
     draft_time: float          # seconds in steps 1-2 of the cycle
     verify_time: float         # seconds in steps 3-5
+    branches: List[int] = field(default_factory=list)  # the branches whose drafts begin with the
+                               # accepted ones: [branch] for greedy-branch verification; for trie
+                               # verification every branch through the deepest accepted node
+    tree_nodes: int = 0        # trie verification: the draft nodes the target scored (0: branch mode)
 
 
 @dataclass
@@ -66,16 +75,31 @@ def choose_branch(prior: torch.Tensor, generator: torch.Generator) -> torch.Tens
     return torch.multinomial(prior.cpu().double(), 1, generator=generator).view(-1).to(prior.device)
 
 
+VERIFY_MODES = ("branch", "tree")
+
+
 class SpeculativeDecoder:
     def __init__(self, target, drafter: Optional[DBlastDrafter] = None, *, category_temperature: float = 1.0,
-                 use_kernels: bool = True, draft_vocab: DraftVocab = None, proposer: Optional[Proposer] = None):
+                 use_kernels: bool = True, draft_vocab: DraftVocab = None, proposer: Optional[Proposer] = None,
+                 verify: str = "branch", max_tree_nodes: Optional[int] = None):
         """`target`: a Hugging Face causal LM. Either `drafter` (a DBlastDrafter, drafting over
         `draft_vocab`, see dblast_ext.draft_vocabulary, at category temperature Z_T) or
         `proposer` (anything implementing dblast_ext.proposer.Proposer; its own settings then
         replace `category_temperature` and `draft_vocab`). `use_kernels`: the dblast ops
-        (False: their pure-PyTorch reference, same results)."""
+        (False: their pure-PyTorch reference, same results).
+        `verify`: "branch" verifies one branch drawn from the prior (DBLast Eq 18-21); "tree"
+        merges all K branches into a trie and verifies it in one target pass (dblast_ext.trie;
+        Z_T then only ranks nodes for `max_tree_nodes`, the most draft nodes scored per cycle,
+        None for all). Both leave the output distribution the target's."""
         if (drafter is None) == (proposer is None):
             raise ValueError("give either drafter or proposer (exactly one)")
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
+        if max_tree_nodes is not None and (verify != "tree" or int(max_tree_nodes) < 1):
+            raise ValueError(f"max_tree_nodes must be None or >= 1, and only with verify='tree'; got "
+                             f"{max_tree_nodes!r} with verify={verify!r}")
+        self.verify = verify
+        self.max_tree_nodes = max_tree_nodes
         self._use_kernels = use_kernels
         if drafter is not None:
             check_against_target(drafter.config, target.config)
@@ -162,6 +186,8 @@ class SpeculativeDecoder:
         features of the committed tokens the proposer has not cached yet). Returns the cycle's
         record, the emitted tokens (accepted drafts + the correction or bonus token) and the
         next context. `validate`: check the verifier's inputs' values (see _verify)."""
+        if self.verify == "tree":
+            return self._tree_cycle(anchor, context, target_cache, proposer_cache, sampling, generator, validate)
         device = context.device
         t0 = time.perf_counter()
         anchors = torch.tensor([anchor], dtype=torch.int64, device=device)
@@ -180,8 +206,45 @@ class SpeculativeDecoder:
         self.target.crop(target_cache, proposer_cache.length + accepted + 1)
         survive = torch.cumprod(result.accept_probs[0].double(), 0)
         record = CycleRecord(accepted, float(survive.sum()), int(branch), proposal.prior[0].tolist(), t1 - t0,
-                             time.perf_counter() - t1)
+                             time.perf_counter() - t1, [int(branch)])
         return record, emitted, features[:, : accepted + 1]
+
+    def _tree_cycle(self, anchor: int, context: torch.Tensor, target_cache, proposer_cache,
+                    sampling: SamplingParams, generator: torch.Generator, validate: bool):
+        """_cycle with trie verification (dblast_ext.trie): every branch scored in one pass."""
+        device = context.device
+        t0 = time.perf_counter()
+        anchors = torch.tensor([anchor], dtype=torch.int64, device=device)
+        proposal = self.proposer.propose(anchors, context, proposer_cache)            # 1. propose
+        if validate or not isinstance(self.proposer, DrafterProposer):
+            check_proposal(proposal, self.target.vocab_size)
+        prior = proposal.prior[0].tolist()
+        trie = build_trie(proposal.branch_tokens[0].tolist(), prior, self.max_tree_nodes)  # 2. the trie
+        trie.tokens[0] = anchor
+        t1 = time.perf_counter()
+
+        start = self.target.cache_length(target_cache)                                  # 3. score every node
+        mask = trie.attention_mask(start, self.target.dtype, device)
+        logits, features = self.target.forward_tree(torch.tensor([trie.tokens], device=device), target_cache,
+                                                    trie.positions(start, device), mask)
+        uniforms = torch.rand(self.proposer.block_size, generator=generator, dtype=torch.float64)
+        drawn = self._sample(logits[0], uniforms[trie.depths].to(device), trie.child_tokens(device), sampling,
+                             validate)                                                  # 4. draw and walk
+        walk = trie.walk(drawn.tokens.tolist(), drawn.query_probs.tolist())
+        rows = torch.tensor(walk.rows, dtype=torch.int64, device=device)
+        self.target.keep_rows(target_cache, start, rows)                                # 5. keep the path
+        accepted = len(walk.tokens) - 1
+        record = CycleRecord(accepted, walk.expected_accepted, walk.branches[0], prior, t1 - t0,
+                             time.perf_counter() - t1, walk.branches, trie.num_nodes)
+        return record, walk.tokens, features[:, rows]
+
+    def _sample(self, logits: torch.Tensor, uniforms: torch.Tensor, query_tokens: torch.Tensor,
+                sampling: SamplingParams, validate: bool):
+        """sample_tokens over the trie's rows (validated like _verify's inputs)."""
+        if self.use_kernels:
+            return ops.sample_tokens(logits, uniforms, query_tokens=query_tokens, validate=validate,
+                                     **sampling.kwargs())
+        return reference.sample_tokens(logits, uniforms, query_tokens=query_tokens, **sampling.kwargs())
 
     def _verify(self, logits: torch.Tensor, proposal: Proposal, branch: torch.Tensor, uniforms: torch.Tensor,
                 sampling: SamplingParams, validate: bool):

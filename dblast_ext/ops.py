@@ -14,9 +14,14 @@ from typing import Optional, Tuple
 
 import torch
 
-from .results import BranchArgmax, VerifyResult, draw_uniforms
+from .results import BranchArgmax, SampledTokens, VerifyResult, draw_uniforms
 
-__all__ = ["branch_verify", "mixture_verify", "branch_argmax", "drafter_attention", "VerifyResult", "BranchArgmax"]
+__all__ = ["branch_verify", "mixture_verify", "sample_tokens", "branch_argmax", "drafter_attention", "VerifyResult",
+           "BranchArgmax", "SampledTokens", "CPU_ONLY_OPS"]
+
+# Ops with a CPU kernel only, not yet run on a GPU (no CUDA kernel lands untested): on CUDA
+# tensors their wrapper runs the reference on the device, exact and slower.
+CPU_ONLY_OPS = ("sample_tokens",)
 
 
 def branch_verify(target_logits: torch.Tensor, branch_tokens: torch.Tensor, branch_prior: torch.Tensor,
@@ -69,6 +74,56 @@ def mixture_verify(target_logits: torch.Tensor, draft_logits: torch.Tensor, bran
     return VerifyResult(*torch.ops.dblast.mixture_verify(
         target_logits, draft_logits, branch_prior, draft_tokens, uniforms,
         float(temperature), int(top_k), float(top_p), float(draft_temperature), bool(validate)))
+
+
+def sample_tokens(logits: torch.Tensor, uniforms: Optional[torch.Tensor] = None, *, temperature: float = 1.0,
+                  top_k: int = 0, top_p: float = 1.0, query_tokens: Optional[torch.Tensor] = None,
+                  generator: Optional[torch.Generator] = None, validate: bool = True) -> SampledTokens:
+    """Many rows' tokens from the target's filtered distribution, one launch: the verifiers'
+    filter and inverse-CDF rule (docs/ops.md), plus the filtered probability of each row's
+    query tokens from the same filter (trie verification: a node's draw and its children).
+
+    Args:
+        logits: [R, V] float32/bfloat16/float16, raw target logits.
+        uniforms: [R] float32/float64 in [0, 1), row r's draw; drawn from `generator` when
+            None. Ignored at T = 0 (the argmax, lowest id on ties).
+        temperature, top_k, top_p: the target's sampling filter.
+        query_tokens: [R, C] int64 token ids whose filtered probabilities to return, -1 for
+            none; None: C = 0.
+        validate: check the values (finite logits, uniforms in [0, 1), query ids in range)
+            before the kernel runs.
+
+    Returns SampledTokens(tokens [R] int64, query_probs [R, C] float32).
+    CUDA tensors run dblast_ext.reference.sample_tokens on the device (CPU_ONLY_OPS).
+    """
+    if uniforms is None:
+        if logits.dim() != 2:
+            raise ValueError(f"logits must be [R, V], got shape {tuple(logits.shape)}")
+        uniforms = torch.rand(logits.shape[0], device=logits.device, dtype=torch.float64, generator=generator)
+    if query_tokens is None:
+        query_tokens = torch.empty(logits.shape[0] if logits.dim() else 0, 0, dtype=torch.int64,
+                                   device=logits.device)
+    if logits.device.type != "cpu":
+        _sample_tokens_fake(logits, uniforms, float(temperature), int(top_k), float(top_p), query_tokens, validate)
+        if validate:
+            _check_sample_tokens_values(logits, uniforms, query_tokens)
+        from . import reference
+        return reference.sample_tokens(logits, uniforms, temperature=temperature, top_k=top_k, top_p=top_p,
+                                       query_tokens=query_tokens)
+    return SampledTokens(*torch.ops.dblast.sample_tokens(logits, uniforms, float(temperature), int(top_k),
+                                                         float(top_p), query_tokens, bool(validate)))
+
+
+def _check_sample_tokens_values(logits, uniforms, query_tokens) -> None:
+    """The kernel's value checks, for the device path that runs the reference (one sync)."""
+    vocab = logits.shape[1]
+    flags = torch.stack([torch.isfinite(logits).all(), ((uniforms >= 0) & (uniforms < 1)).all(),
+                         ((query_tokens >= -1) & (query_tokens < vocab)).all()]).tolist()
+    messages = ["logits contains NaN or infinite values", "uniforms must lie in [0, 1)",
+                f"query_tokens has entries outside [-1, {vocab}) (-1: no query)"]
+    for ok, message in zip(flags, messages):
+        if not ok:
+            raise ValueError(message)
 
 
 def branch_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor, expander_weight: Optional[torch.Tensor] = None,
@@ -244,6 +299,28 @@ def _mixture_verify_fake(target_logits, draft_logits, branch_prior, draft_tokens
     _check_finite(draft_temperature, draft_temperature > 0.0,
                   f"draft_temperature must be finite and > 0, got {draft_temperature}")
     return _verify_outputs(target_logits)
+
+
+@torch.library.register_fake("dblast::sample_tokens")
+def _sample_tokens_fake(logits, uniforms, temperature, top_k, top_p, query_tokens, validate):
+    _check_logits_dtype(logits, "logits")
+    torch._check_value(logits.dim() == 2, lambda: f"logits must be [R, V], got {_sizes(logits)}")
+    torch._check_value(logits.size(1) >= 1,
+                       lambda: f"logits must have a vocabulary of at least 1, got {logits.size(1)}")
+    rows = logits.size(0)
+    _check_same_device(uniforms, logits, "uniforms", "logits")
+    torch._check_value(uniforms.dtype in (torch.float32, torch.float64),
+                       lambda: f"uniforms must be float32 or float64, got {_dtype_name(uniforms.dtype)}")
+    torch._check_value(uniforms.dim() == 1 and uniforms.size(0) == rows,
+                       lambda: f"uniforms must have shape [{rows}], got {_sizes(uniforms)}")
+    _check_same_device(query_tokens, logits, "query_tokens", "logits")
+    torch._check_value(query_tokens.dtype == torch.int64,
+                       lambda: f"query_tokens must be int64, got {_dtype_name(query_tokens.dtype)}")
+    torch._check_value(query_tokens.dim() == 2 and query_tokens.size(0) == rows,
+                       lambda: f"query_tokens must have shape [{rows}, C], got {_sizes(query_tokens)}")
+    _check_filter(temperature, top_p)
+    return (logits.new_empty((rows,), dtype=torch.int64),
+            logits.new_empty(tuple(query_tokens.shape), dtype=torch.float32))
 
 
 @torch.library.register_fake("dblast::branch_argmax")

@@ -133,4 +133,19 @@ def check_proposer(proposer: Proposer, num_target_layers: int) -> None:
                          f"{num_target_layers} layers")
 
 
-__all__ = ["Proposal", "Proposer", "ProposerCache", "DrafterProposer", "check_proposer"]
+def check_proposal(proposal: Proposal, vocab_size: int) -> None:
+    """The verifiers' value checks of a proposal, for a loop that feeds it to the target before
+    any verifier sees it (trie verification): ids within the vocabulary, a prior summing to 1."""
+    tokens, prior = proposal.branch_tokens, proposal.prior
+    ok = torch.stack([((tokens >= 0) & (tokens < vocab_size)).all(),
+                      (torch.isfinite(prior) & (prior >= 0)).all(),
+                      ((prior.sum(-1) - 1).abs() <= 1e-4).all()]).tolist()
+    if not ok[0]:
+        raise ValueError(f"proposal branch_tokens has entries outside [0, {vocab_size})")
+    if not ok[1]:
+        raise ValueError("proposal prior must have finite entries >= 0")
+    if not ok[2]:
+        raise ValueError("proposal prior rows must sum to 1 (within 1e-4)")
+
+
+__all__ = ["Proposal", "Proposer", "ProposerCache", "DrafterProposer", "check_proposer", "check_proposal"]

@@ -8,11 +8,11 @@ from typing import Optional, Tuple
 
 import torch
 
-from .results import BranchArgmax, VerifyResult, draw_uniforms
+from .results import BranchArgmax, SampledTokens, VerifyResult, draw_uniforms
 
 __all__ = ["filter_target_probs", "branch_verify", "mixture_verify", "sample_mixture_draft",
            "greedy_branch_proposal", "mixture_proposal", "acceptance_probs", "final_token_weights",
-           "inverse_cdf_sample", "branch_states", "branch_argmax", "key_visible", "drafter_attention"]
+           "inverse_cdf_sample", "sample_tokens", "branch_states", "branch_argmax", "key_visible", "drafter_attention"]
 
 
 def filter_target_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
@@ -58,6 +58,20 @@ def inverse_cdf_sample(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Te
     first = torch.where(crossed, ids, vocab).min(dim=-1).values
     last_positive = torch.where(weights > 0, ids, -1).max(dim=-1).values
     return torch.where(first < vocab, first, last_positive)
+
+
+def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0, query_tokens: Optional[torch.Tensor] = None) -> SampledTokens:
+    """One token per row of logits [R, V] from the filtered target distribution, by inverse
+    CDF on the row's uniform [R]; and the filtered probability of each query token [R, C]
+    (-1 entries: 0). See dblast_ext.ops.sample_tokens."""
+    probs = filter_target_probs(logits, temperature, top_k, top_p)
+    tokens = inverse_cdf_sample(probs, uniforms)
+    if query_tokens is None:
+        query_tokens = torch.empty(logits.shape[0], 0, dtype=torch.int64, device=logits.device)
+    known = query_tokens >= 0
+    query_probs = probs.gather(-1, query_tokens.clamp(min=0)).where(known, 0.0)
+    return SampledTokens(tokens, query_probs.float())
 
 
 def final_token_weights(p: torch.Tensor, q: Optional[torch.Tensor]) -> torch.Tensor:

@@ -33,6 +33,18 @@ class BranchArgmax(NamedTuple):
     logsumexp: torch.Tensor
 
 
+class SampledTokens(NamedTuple):
+    """Tokens drawn from the target's filtered distribution, one per row of logits [R, V].
+
+    tokens: int64 [R], drawn by inverse CDF on the row's uniform (the argmax at T = 0).
+    query_probs: float32 [R, C], the filtered probability of each of the row's query tokens
+        (0 for a -1 entry).
+    """
+
+    tokens: torch.Tensor
+    query_probs: torch.Tensor
+
+
 def draw_uniforms(target_logits: torch.Tensor, uniforms: Optional[torch.Tensor],
                   generator: Optional[torch.Generator]) -> torch.Tensor:
     """The caller's uniforms, or fresh ones [N, b+1] on the logits' device."""

@@ -41,6 +41,10 @@ class TargetAdapter:
     def device(self):
         return next(self.model.parameters()).device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head_weight.dtype
+
     def new_cache(self):
         from transformers import DynamicCache
 
@@ -55,6 +59,33 @@ class TargetAdapter:
         if not hidden_states:
             return out.logits, None
         return out.logits, self.features(out.hidden_states)
+
+    def forward_tree(self, input_ids: torch.Tensor, cache, position_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """One forward over a token tree (dblast_ext.trie): explicit positions and a 4D additive
+        mask, which transformers uses as given. Every row's logits and features; the cache gains
+        every row's keys and values, to be narrowed with `keep_rows`."""
+        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                         use_cache=True, output_hidden_states=True, **{self._cache_arg: cache})
+        return out.logits, self.features(out.hidden_states)
+
+    @staticmethod
+    def keep_rows(cache, start: int, rows: torch.Tensor) -> None:
+        """Keeps the cache's first `start` tokens, then the entries at start + rows (a tree
+        forward's committed path, in order) and nothing after: a gather along the sequence of
+        every layer. Sliding-window layers keep a ring, which a gather cannot narrow: refused."""
+        for index, layer in enumerate(cache.layers):
+            if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+                raise NotImplementedError(f"tree verification needs full-attention cache layers; layer {index} is "
+                                          f"{type(layer).__name__} (sliding window)")
+            keep = len(rows)
+            layer.keys[..., start : start + keep, :] = layer.keys[..., start + rows, :]
+            layer.values[..., start : start + keep, :] = layer.values[..., start + rows, :]
+            layer.keys = layer.keys[..., : start + keep, :]
+            layer.values = layer.values[..., : start + keep, :]
+
+    @staticmethod
+    def cache_length(cache) -> int:
+        return cache.get_seq_length()
 
     def features(self, hidden_states) -> torch.Tensor:
         """The drafter's context features: concat(hidden_states[l + 1] for l in the drafter's

@@ -10,31 +10,10 @@ from dblast_ext import load_drafter  # noqa: E402
 from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
 from dblast_ext.proposer import Proposal  # noqa: E402
 from dblast_ext import reference  # noqa: E402
+from decoding_cases import (MASK, PROMPT, SMALL_PROMPT, SMALL_VOCAB, CountingCache, exact_first_two,  # noqa: E402
+                            exact_prefix_joint, hf_greedy, make_decoder, oracle_decoder)
 from losslessness import chi_square_pvalue  # noqa: E402
 from tiny_models import lm_head_rows, tiny_target, write_dflash_checkpoint  # noqa: E402
-
-PROMPT = [3, 17, 42, 8, 25]
-
-
-def make_decoder(tmp_path, family="qwen3", branches=1, block_size=4, vocab=100, mask=97, use_kernels=True,
-                 category_temperature=1.0, layers=6, target_layer_ids=(1, 4), draft_vocab=None):
-    target = tiny_target(family, vocab_size=vocab, layers=layers)
-    target.generation_config.eos_token_id = None
-    target.generation_config.pad_token_id = 0
-    path = write_dflash_checkpoint(tmp_path / f"drafter-{block_size}-{mask}", block_size=block_size,
-                                   dflash_config={"mask_token_id": mask, "target_layer_ids": list(target_layer_ids)})
-    drafter = load_drafter(path, target=target, num_branches=branches if branches > 1 else None)
-    if branches > 1:  # make the branches genuinely different
-        torch.nn.init.normal_(drafter.branch_expander.weight, std=0.3, generator=torch.Generator().manual_seed(1))
-    return SpeculativeDecoder(target, drafter, use_kernels=use_kernels, category_temperature=category_temperature,
-                              draft_vocab=draft_vocab)
-
-
-def hf_greedy(target, prompt, max_new_tokens, eos=None):
-    ids = torch.tensor([prompt], device=target.device)
-    out = target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                          attention_mask=torch.ones_like(ids))
-    return out[0, len(prompt):].tolist()
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
@@ -70,16 +49,6 @@ def test_greedy_stops_at_a_stop_token_like_the_target(tmp_path):
     expected = hf_greedy(dec.target.model, PROMPT, 30, eos=stop)
     out = dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=30, stop_token_ids=[stop])
     assert out.token_ids == expected and out.token_ids[-1] == stop and out.stopped_by_eos
-
-
-class CountingCache:
-    """A proposer cache that holds nothing but how many committed tokens it has seen."""
-
-    def __init__(self):
-        self.length = 0
-
-    def crop(self, length):
-        self.length = length
 
 
 class ScriptedProposer:
@@ -199,21 +168,6 @@ def test_same_seed_same_output(tmp_path):
     assert runs[0] == runs[1]
 
 
-SMALL_VOCAB, MASK = 16, 15
-SMALL_PROMPT = [3, 7, 1, 8, 5]
-
-
-def exact_first_two(target, sampling):
-    """p(x1, x2) of the target's filtered sampling after SMALL_PROMPT, straight from its logits."""
-    with torch.no_grad():
-        first = target(torch.tensor([SMALL_PROMPT])).logits[0, -1]
-        p1 = reference.filter_target_probs(first, **sampling.kwargs())
-        rows = torch.tensor([SMALL_PROMPT + [x] for x in range(SMALL_VOCAB)])
-        second = target(rows).logits[:, -1]
-        p2 = reference.filter_target_probs(second, **sampling.kwargs())
-    return (p1[:, None] * p2).numpy()
-
-
 # the fast tier runs every setting at a size that still fails a sampler ignoring the target or
 # its filter; the slow tier (-m slow) runs them at full size, with the power for subtler errors
 FULL = pytest.mark.slow
@@ -241,65 +195,6 @@ def test_first_two_tokens_follow_the_targets_distribution(tmp_path, branches, sa
     assert chi_square_pvalue(counts.ravel(), exact.ravel() * samples) > 1e-3
     # the second token's marginal: the verified one, with fewer cells and so more power
     assert chi_square_pvalue(counts.sum(0), exact.sum(0) * samples) > 1e-3
-
-
-def exact_prefix_joint(target, prompt, sampling, length):
-    """p(x_1..x_length) of the target's filtered sampling after `prompt`, as a [V]*length
-    array, from batched forwards over every prefix (fine for a 16-token vocabulary)."""
-    joint = np.ones(())
-    prefixes = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(length):
-            probs = reference.filter_target_probs(target(prefixes).logits[:, -1], **sampling.kwargs()).numpy()
-            joint = joint[..., None] * probs.reshape(joint.shape + (SMALL_VOCAB,))
-            prefixes = torch.cat([prefixes.repeat_interleave(SMALL_VOCAB, 0),
-                                  torch.arange(SMALL_VOCAB).repeat(prefixes.shape[0])[:, None]], dim=1)
-    return joint
-
-
-class OracleProposer:
-    """A proposer with drafts the target often accepts, so that deep positions, the bonus
-    token and the consistent-set bookkeeping all get exercised. Branch 0 is the target's
-    greedy path from the committed prefix (which it follows through the decoder's `on_tokens`);
-    branch z > 0 is that path with position (z - 1) mod b swapped for the runner-up token (so
-    branches share prefixes and split at different depths). The prior is fixed and far from
-    uniform."""
-
-    def __init__(self, decoder, branches, prompt):
-        self.target, self.num_branches, self.prefix = decoder.target.model, branches, list(prompt)
-        self.block_size = decoder.proposer.block_size
-        self.target_layer_ids = decoder.proposer.target_layer_ids
-        self.device = decoder.target.device
-        self.prior = torch.tensor([[0.45, 0.3, 0.15, 0.1][:branches]], device=self.device)
-        self.prior /= self.prior.sum()
-
-    def on_tokens(self, ids):
-        self.prefix.extend(ids)
-
-    def new_cache(self, rows, capacity, device):
-        return CountingCache()
-
-    def propose(self, anchors, context, cache):
-        cache.length += context.shape[1]
-        assert cache.length == len(self.prefix) - 1 and int(anchors[0]) == self.prefix[-1]
-        num_draft = self.block_size - 1
-        path, runner_up = list(self.prefix), []
-        with torch.no_grad():
-            for _ in range(num_draft):
-                top2 = self.target(torch.tensor([path], device=self.device)).logits[0, -1].topk(2).indices.tolist()
-                path.append(top2[0])
-                runner_up.append(top2[1])
-        greedy = path[len(self.prefix):]
-        rows = [list(greedy) for _ in range(self.num_branches)]
-        for z in range(1, self.num_branches):
-            rows[z][(z - 1) % num_draft] = runner_up[(z - 1) % num_draft]
-        return Proposal(torch.tensor([rows], device=self.device), self.prior.clone())
-
-
-def oracle_decoder(dec, branches, prompt):
-    """`dec`'s target driven by an OracleProposer, and that proposer."""
-    oracle = OracleProposer(dec, branches, prompt)
-    return SpeculativeDecoder(dec.target.model, proposer=oracle), oracle
 
 
 @pytest.mark.parametrize("branches,block_size", [(1, 4), (4, 4), (4, 16)])

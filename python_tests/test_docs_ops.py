@@ -7,7 +7,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "ops.md")
-OPS = ("branch_verify", "mixture_verify", "branch_argmax", "drafter_attention")
+OPS = ("branch_verify", "mixture_verify", "sample_tokens", "branch_argmax", "drafter_attention")
 
 
 def read():

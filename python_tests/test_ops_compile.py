@@ -47,6 +47,15 @@ def mixture_verify_case(seed=0, rows=3, branches=3, num_draft=4, vocab=30, dtype
                 draft_temperature=0.8, validate=True)
 
 
+def sample_tokens_case(seed=0, rows=5, vocab=40, queries=3, dtype=torch.float32):
+    g = _gen(seed)
+    logits = torch.randn(rows, vocab, generator=g) * 2.0
+    query = torch.randint(-1, vocab, (rows, queries), generator=g)
+    uniforms = torch.rand(rows, generator=g, dtype=torch.float64)
+    return dict(logits=logits.to(dtype), uniforms=uniforms, temperature=0.8, top_k=20, top_p=0.95,
+                query_tokens=query, validate=True)
+
+
 def branch_argmax_case(seed=0, rows=3, branches=2, width=16, vocab=100, padded=4, dtype=torch.float32):
     g = _gen(seed)
     case = dict(hidden=torch.randn(rows, width, generator=g).to(dtype),
@@ -77,12 +86,19 @@ SCHEMA = {
                       "top_p", "validate"],
     "mixture_verify": ["target_logits", "draft_logits", "branch_prior", "draft_tokens", "uniforms", "temperature",
                        "top_k", "top_p", "draft_temperature", "validate"],
+    "sample_tokens": ["logits", "uniforms", "temperature", "top_k", "top_p", "query_tokens", "validate"],
     "branch_argmax": ["hidden", "lm_head_weight", "expander_weight", "expander_bias", "vocab_size", "tile_bytes"],
     "drafter_attention": ["q", "k_cache", "v_cache", "k_block", "v_block", "context_lens", "scale", "window",
                           "causal"],
 }
 CASES = {"branch_verify": branch_verify_case, "mixture_verify": mixture_verify_case,
-         "branch_argmax": branch_argmax_case, "drafter_attention": drafter_attention_case}
+         "sample_tokens": sample_tokens_case, "branch_argmax": branch_argmax_case, "drafter_attention": drafter_attention_case}
+
+
+def skip_without_kernel(name, device):
+    """CPU_ONLY_OPS have no CUDA kernel to compare a fake with (their wrapper runs the reference)."""
+    if name in ops.CPU_ONLY_OPS and torch.device(device).type != "cpu":
+        pytest.skip(f"{name} has no CUDA kernel yet (dblast_ext.ops.CPU_ONLY_OPS)")
 
 
 def call_op(name, case):
@@ -120,6 +136,9 @@ GOOD = [
     ("mixture_verify", dict()),
     ("mixture_verify", dict(branches=1, num_draft=7, dtype=torch.bfloat16)),
     ("mixture_verify", dict(rows=0, dtype=torch.float16)),
+    ("sample_tokens", dict()),
+    ("sample_tokens", dict(queries=0, dtype=torch.bfloat16)),
+    ("sample_tokens", dict(rows=0, dtype=torch.float16)),
     ("branch_argmax", dict()),
     ("branch_argmax", dict(branches=1, dtype=torch.bfloat16)),
     ("branch_argmax", dict(branches=5, padded=0, dtype=torch.float16)),
@@ -132,6 +151,7 @@ GOOD = [
 
 @pytest.mark.parametrize("name,settings", GOOD, ids=[f"{i}-{n}" for i, (n, _) in enumerate(GOOD)])
 def test_fake_outputs_match_the_kernels_outputs(device, name, settings):
+    skip_without_kernel(name, device)
     case = to_device(CASES[name](**settings), device)
     if name == "drafter_attention":  # q as the drafter passes it: heads and positions transposed
         case["q"] = case["q"].transpose(1, 2).contiguous().transpose(1, 2)
@@ -205,6 +225,18 @@ BAD = [
     ("mixture_verify", "top_p", _set(top_p=-1.0)),
     ("mixture_verify", "draft_temperature", _set(draft_temperature=0.0)),
     ("mixture_verify", "draft_temperature", _set(draft_temperature=float("nan"))),
+    # sample_tokens: R = 5, V = 40, C = 3
+    ("sample_tokens", "logits", _set(logits=lambda t: t[0])),
+    ("sample_tokens", "logits", _set(logits=lambda t: t.double())),
+    ("sample_tokens", "logits", _set(logits=lambda t: t[:, :0])),
+    ("sample_tokens", "uniforms", _set(uniforms=lambda t: t[:4])),
+    ("sample_tokens", "uniforms", _set(uniforms=lambda t: t[:, None])),
+    ("sample_tokens", "uniforms", _set(uniforms=lambda t: t.half())),
+    ("sample_tokens", "query_tokens", _set(query_tokens=lambda t: t[0])),
+    ("sample_tokens", "query_tokens", _set(query_tokens=lambda t: t[:4])),
+    ("sample_tokens", "query_tokens", _set(query_tokens=lambda t: t.int())),
+    ("sample_tokens", "temperature", _set(temperature=-1.0)),
+    ("sample_tokens", "top_p", _set(top_p=0.0)),
     # branch_argmax: N = 3, H = 16, K = 2, 104 head rows of which 100 real
     ("branch_argmax", "hidden", _set(hidden=lambda t: t[0])),
     ("branch_argmax", "hidden", _set(hidden=lambda t: t.double())),
@@ -251,6 +283,7 @@ BAD_IDS = [f"{i}-{op}-{pattern.split()[0]}" for i, (op, pattern, _) in enumerate
 @pytest.mark.parametrize("name,pattern,mutate", BAD, ids=BAD_IDS)
 def test_fake_refuses_what_the_kernel_refuses(device, name, pattern, mutate):
     """Each bad input: the kernel and the fake both raise a ValueError naming the argument."""
+    skip_without_kernel(name, device)
     case = to_device(mutate(CASES[name]()), device)
     with pytest.raises(ValueError, match=pattern):
         call_op(name, case)
@@ -264,7 +297,7 @@ def test_fake_refuses_what_the_kernel_refuses(device, name, pattern, mutate):
     ("mixture_verify", "draft_tokens"), ("mixture_verify", "uniforms"), ("branch_argmax", "lm_head_weight"),
     ("branch_argmax", "expander_weight"), ("branch_argmax", "expander_bias"), ("drafter_attention", "k_cache"),
     ("drafter_attention", "v_cache"), ("drafter_attention", "k_block"), ("drafter_attention", "v_block"),
-    ("drafter_attention", "context_lens"),
+    ("drafter_attention", "context_lens"), ("sample_tokens", "uniforms"), ("sample_tokens", "query_tokens"),
 ])
 def test_fake_refuses_mixed_devices(name, tensor_name):
     """All inputs on (fake) CUDA but one on the CPU: refused naming that one, as the kernels do."""
@@ -316,6 +349,12 @@ def _verify_fn(name):
     return fn
 
 
+def _sample_tokens_fn(padded_logits, vocab, uniforms, query_tokens, **kwargs):
+    # validate=False: on CUDA the wrapper checks values on the host, which a full graph cannot
+    return tuple(ops.sample_tokens(padded_logits[:, :vocab], uniforms, query_tokens=query_tokens, validate=False,
+                                   **kwargs))
+
+
 def _branch_argmax_fn(hidden, lm_head_weight, expander_weight, expander_bias, vocab_size):
     return tuple(ops.branch_argmax(hidden, lm_head_weight, expander_weight, expander_bias, vocab_size=vocab_size))
 
@@ -344,6 +383,10 @@ def compile_inputs(name, seed, rows=6, dtype=torch.float32):
         args = (_pad_vocab(c["target_logits"], seed), 48, c["draft_logits"], c["branch_prior"], c["draft_tokens"],
                 c["uniforms"])
         return _verify_fn(name), args, dict(temperature=1.0, top_p=0.9, draft_temperature=0.8)
+    if name == "sample_tokens":
+        c = sample_tokens_case(seed=seed, rows=rows, vocab=64, dtype=dtype)
+        return _sample_tokens_fn, (_pad_vocab(c["logits"], seed), 64, c["uniforms"], c["query_tokens"]), \
+            dict(temperature=0.8, top_k=20, top_p=0.95)
     if name == "branch_argmax":
         c = branch_argmax_case(seed=seed, rows=rows, branches=4, width=32, vocab=290, padded=10, dtype=dtype)
         args = (c["hidden"], c["lm_head_weight"], c["expander_weight"], c["expander_bias"], 290)
@@ -421,6 +464,7 @@ def test_dynamic_shapes_compiled_op_matches_eager(device, name):
 
 
 @pytest.mark.parametrize("name,pattern", [("branch_verify", "branch_tokens"), ("mixture_verify", "draft_tokens"),
+                                          ("sample_tokens", "query_tokens"),
                                           ("branch_argmax", "expander_bias"), ("drafter_attention", "k_block")])
 def test_compiling_a_call_with_bad_input_names_the_argument(name, pattern):
     """torch.compile traces the fake kernel, so a bad call fails at compile time, naming the argument."""

@@ -163,6 +163,37 @@ void check_mixture_verify_args(const at::Tensor& target_logits, const at::Tensor
               "draft_temperature must be finite and > 0, got ", draft_temperature);
 }
 
+void check_sample_tokens_args(const at::Tensor& logits, const at::Tensor& uniforms, double temperature,
+                              int64_t top_k, double top_p, const at::Tensor& query_tokens) {
+  check_floating_logits(logits, "logits");
+  TORCH_CHECK_VALUE(logits.dim() == 2, "logits must be [R, V], got ", logits.sizes());
+  TORCH_CHECK_VALUE(logits.size(1) >= 1, "logits must have a vocabulary of at least 1, got ", logits.size(1));
+  const int64_t rows = logits.size(0);
+  TORCH_CHECK_VALUE(uniforms.device() == logits.device(), "uniforms must be on ", logits.device(),
+              " like logits, got ", uniforms.device());
+  TORCH_CHECK_VALUE(uniforms.scalar_type() == at::kFloat || uniforms.scalar_type() == at::kDouble,
+              "uniforms must be float32 or float64, got ", uniforms.scalar_type());
+  TORCH_CHECK_VALUE(uniforms.dim() == 1 && uniforms.size(0) == rows, "uniforms must have shape [", rows, "], got ",
+              uniforms.sizes());
+  TORCH_CHECK_VALUE(query_tokens.device() == logits.device(), "query_tokens must be on ", logits.device(),
+              " like logits, got ", query_tokens.device());
+  TORCH_CHECK_VALUE(query_tokens.scalar_type() == at::kLong, "query_tokens must be int64, got ",
+              query_tokens.scalar_type());
+  TORCH_CHECK_VALUE(query_tokens.dim() == 2 && query_tokens.size(0) == rows, "query_tokens must have shape [", rows,
+              ", C], got ", query_tokens.sizes());
+  check_filter_args(temperature, top_k, top_p);
+}
+
+void check_sample_tokens_values(const at::Tensor& logits, const at::Tensor& uniforms,
+                                const at::Tensor& query_tokens) {
+  run_value_checks({
+      finite_check(logits, "logits"),
+      {uniforms.ge(0).logical_and(uniforms.lt(1)).all(), "uniforms must lie in [0, 1)"},
+      {query_tokens.ge(-1).logical_and(query_tokens.lt(logits.size(1))).all(),
+       "query_tokens has entries outside [-1, " + std::to_string(logits.size(1)) + ") (-1: no query)"},
+  });
+}
+
 void check_branch_verify_values(const at::Tensor& target_logits, const at::Tensor& branch_tokens,
                                 const at::Tensor& branch_prior, const at::Tensor& branch,
                                 const at::Tensor& uniforms) {

@@ -41,7 +41,18 @@ def add_model_args(p, *, block_size: bool = True) -> None:
         p.add_argument("--block-size", type=int, default=None,
                        help="run the drafter at another block size than it was trained for (naive expansion)")
     add_draft_vocab_arg(p)
+    add_verify_args(p)
     p.add_argument("--no-kernels", action="store_true", help="run the reference ops instead of the compiled kernels")
+
+
+def add_verify_args(p) -> None:
+    p.add_argument("--verify", choices=("branch", "tree"), default="branch",
+                   help="branch: verify one branch drawn from the prior (DBLast Eq 18-21); tree: merge all K "
+                        "branches into a trie and verify it in one target pass (a bigger pass, more tokens per "
+                        "pass; docs/design.md). Both keep the target's distribution (default %(default)s)")
+    p.add_argument("--max-tree-nodes", type=int, default=None, metavar="N",
+                   help="with --verify tree: score at most N draft nodes per cycle, those of highest prior mass "
+                        "(default: all)")
 
 
 def add_category_temperature_arg(p) -> None:
@@ -141,6 +152,9 @@ def check_args(args) -> DrafterConfig:
         raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
     if getattr(args, "draft_vocab", None) is not None and args.draft_vocab < 1:
         raise ValueError(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
+    nodes = getattr(args, "max_tree_nodes", None)
+    if nodes is not None and (nodes < 1 or getattr(args, "verify", "branch") != "tree"):
+        raise ValueError(f"--max-tree-nodes must be >= 1 and needs --verify tree, got {nodes}")
     z = getattr(args, "category_temperature", None)
     if isinstance(z, float) and z < 0:  # `dblast eval` also takes "calibrate" and checks it itself
         raise ValueError(f"--category-temperature must be >= 0, got {z}")
@@ -176,4 +190,6 @@ def drafting_decoder(args, target, path: str, num_branches: Optional[int], categ
     if args.block_size is not None:
         drafter.config.block_size = args.block_size  # the drafter pass itself takes any block length
     return SpeculativeDecoder(target, drafter, category_temperature=category_temperature,
-                              use_kernels=not args.no_kernels, draft_vocab=getattr(args, "draft_vocab", None))
+                              use_kernels=not args.no_kernels, draft_vocab=getattr(args, "draft_vocab", None),
+                              verify=getattr(args, "verify", "branch"),
+                              max_tree_nodes=getattr(args, "max_tree_nodes", None))

@@ -8,7 +8,7 @@ import sys
 
 from ..embedded_drafters import EMBEDDED_DRAFTERS
 from ..target_loading import TextStream, encode_messages, stop_token_ids
-from .common import add_draft_vocab_arg, add_runtime_args, add_sampling_args, check_args, load_decoder, sampling_of
+from .common import add_draft_vocab_arg, add_runtime_args, add_verify_args, add_sampling_args, check_args, load_decoder, sampling_of
 from ..eval.metrics import speedup_ratio
 from ..eval.contention import contention_warning
 from ..foreign_load import timed
@@ -36,6 +36,7 @@ def add_parser(subparsers) -> None:
                    help="draft blocks of this length instead of the trained 16 (a shorter block verifies fewer "
                         "tokens per target pass, which pays on a CPU where a pass costs in proportion to its length)")
     add_draft_vocab_arg(p)
+    add_verify_args(p)
     p.add_argument("--no-compare", action="store_true", help="skip the target-only runs (no speed-up figure)")
     add_runtime_args(p)
 
@@ -52,6 +53,7 @@ def run(args) -> int:
     sampling = sampling_of(args)
     stops = stop_token_ids(decoder.target.model, tokenizer)
     vocab = "" if decoder.draft_ids is None else f", drafting from {len(decoder.draft_ids)} token ids"
+    vocab += "" if decoder.verify == "branch" else ", trie verification"
     print(f"target SmolLM2-135M-Instruct, drafter {args.drafter} (K = {drafter.num_branches}, block "
           f"{drafter.config.block_size}{vocab}); temperature {args.temperature}, top-p {args.top_p}, top-k {args.top_k}, "
           f"up to {args.max_new_tokens} new tokens\n", file=out)

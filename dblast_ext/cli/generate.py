@@ -61,7 +61,10 @@ def run(args) -> int:
         "expected_accepted": [c.expected_accepted for c in out.cycles],
         "block_size": drafter.config.block_size, "num_branches": drafter.num_branches,
         "draft_vocab": None if decoder.draft_ids is None else len(decoder.draft_ids),
+        "verify": decoder.verify,
     }
+    if decoder.verify == "tree":
+        figures["tree_nodes"] = [c.tree_nodes for c in out.cycles]
     if args.compare_ar:
         base, base_timing = timed(decoder.generate_autoregressive, ids, **run_kwargs)
         figures.update(ar_new_tokens=len(base.token_ids), ar_wall_time=base_timing.wall_time,
@@ -76,9 +79,12 @@ def run(args) -> int:
     print(f"--- {rate(new_tokens, timing.wall_time)}" + (", stopped at end-of-sequence" if out.stopped_by_eos else ""),
           file=err)
     if accepted:
+        tree = ""
+        if decoder.verify == "tree":
+            tree = f", trie verification over {sum(figures['tree_nodes']) / len(accepted):.1f} nodes per pass"
         print(f"--- {len(accepted)} cycles, committed length {figures['committed_length']:.2f} tokens per target "
-              f"pass (K = {drafter.num_branches}, block {drafter.config.block_size}); accepted drafts per cycle:",
-              file=err)
+              f"pass (K = {drafter.num_branches}, block {drafter.config.block_size}{tree}); accepted drafts per "
+              f"cycle:", file=err)
         counts = [accepted.count(n) for n in range(drafter.config.block_size)]
         print(acceptance_histogram(counts), file=err)
     if args.compare_ar:

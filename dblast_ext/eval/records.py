@@ -3,7 +3,8 @@
 Fields: `prompt_id`, `dataset`, `turn`, `accepted` (n per cycle, 0..b: the cycle committed n + 1
 tokens, so a response's last cycle counts only the tokens it kept), `expected_accepted`
 (per cycle, sum_i prod_{j<=i} A_j over the whole draft, a cut last cycle included), `block_size`, `eos_terminated`, `new_tokens`,
-`wall_time`, `ar_wall_time` / `ar_new_tokens` when the target-only run was measured,
+`wall_time`, `tree_nodes` (per cycle, with trie verification: the draft nodes the pass scored),
+`ar_wall_time` / `ar_new_tokens` when the target-only run was measured,
 `foreign_load` / `ar_foreign_load` (the cores other processes kept busy during each timed run,
 where the platform tells), the response `text`, and `settings` (the run's flags)."""
 import json
@@ -26,6 +27,8 @@ def make_record(*, dataset: str, prompt_id: str, turn: int, output: GenerationOu
         "block_size": block_size, "eos_terminated": bool(output.stopped_by_eos),
         "new_tokens": len(output.token_ids), "wall_time": timing.wall_time, "text": text, "settings": settings,
     }
+    if any(c.tree_nodes for c in output.cycles):  # trie verification: the nodes each pass scored
+        record["tree_nodes"] = [c.tree_nodes for c in output.cycles]
     if timing.foreign_load is not None:
         record["foreign_load"] = round(timing.foreign_load, 4)
     if baseline is not None:

@@ -47,6 +47,10 @@ def run_settings(decoder: SpeculativeDecoder, spec: RunSpec, category_temperatur
                 "seed": spec.seed, "measure_speedup": measure_speedup, "kernels": decoder.use_kernels}
     if decoder.draft_ids is not None:  # only when set: records made before the option resume as they are
         settings["draft_vocab"] = len(decoder.draft_ids)
+    if decoder.verify != "branch":  # likewise
+        settings["verify"] = decoder.verify
+        if decoder.max_tree_nodes is not None:
+            settings["max_tree_nodes"] = decoder.max_tree_nodes
     # where the target runs changes timings (and numerics): a resumed run must not pool two.
     # Recorded where they differ from a CPU float32 run, so records made before they were (all
     # CPU, float32) resume as they are

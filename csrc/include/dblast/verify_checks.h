@@ -30,6 +30,9 @@ void check_mixture_verify_args(const at::Tensor& target_logits, const at::Tensor
                                const at::Tensor& uniforms, double temperature, int64_t top_k, double top_p,
                                double draft_temperature);
 
+void check_sample_tokens_args(const at::Tensor& logits, const at::Tensor& uniforms, double temperature,
+                              int64_t top_k, double top_p, const at::Tensor& query_tokens);
+
 // Value checks (one device sync on CUDA); skipped when the caller passes validate=False.
 void check_branch_verify_values(const at::Tensor& target_logits, const at::Tensor& branch_tokens,
                                 const at::Tensor& branch_prior, const at::Tensor& branch, const at::Tensor& uniforms);
@@ -37,5 +40,8 @@ void check_branch_verify_values(const at::Tensor& target_logits, const at::Tenso
 void check_mixture_verify_values(const at::Tensor& target_logits, const at::Tensor& draft_logits,
                                  const at::Tensor& branch_prior, const at::Tensor& draft_tokens,
                                  const at::Tensor& uniforms);
+
+void check_sample_tokens_values(const at::Tensor& logits, const at::Tensor& uniforms,
+                                const at::Tensor& query_tokens);
 
 }  // namespace dblast

@@ -1,0 +1,139 @@
+"""Trie verification (docs/design.md, "Verifying every branch"): the K greedy branches of a
+proposal merged into a trie of distinct prefixes, scored by the target in one pass under a
+tree attention mask, and walked from the anchor with the target's own draws.
+
+The walk is exact at any temperature: at each node it draws the target's next token from its
+filtered distribution at that node (the inverse-CDF rule of every other path) and descends if
+the token is one of the node's children, else emits it and stops. Every committed token is
+therefore a draw from the target given the committed prefix, whatever the trie holds; the
+trie only decides how many draws one target pass yields. A walk visits one node per depth, so
+drawing all nodes of a depth with that depth's uniform is exact too (they share it without
+ever being used together), which lets one `sample_tokens` launch draw every node at once.
+
+Rows: row 0 is the anchor (depth 0), rows 1..N the trie's nodes, parents before children.
+"""
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+__all__ = ["DraftTrie", "build_trie", "TrieWalk"]
+
+
+@dataclass
+class TrieWalk:
+    tokens: List[int]     # the committed tokens: accepted drafts, then the walk's last draw
+    rows: List[int]       # the rows whose target state is kept: the anchor and the accepted nodes
+    branches: List[int]   # the branches whose drafts begin with the accepted ones (all K at 0 accepted)
+    expected_accepted: float  # sum over nodes of the chance the walk reaches it
+
+
+@dataclass
+class DraftTrie:
+    tokens: List[int]                 # token of row r (row 0: the anchor's, filled by the caller)
+    parents: List[int]                # parent row of row r (-1 for the anchor)
+    depths: List[int]                 # depth of row r (anchor 0)
+    children: List[Dict[int, int]]    # per row: child token -> child row
+    branches: List[List[int]]         # per row: the branches through it (the anchor: all)
+    mass: List[float]                 # per row: the prior mass of those branches
+
+    @property
+    def num_nodes(self) -> int:
+        """Draft nodes, the anchor not counted."""
+        return len(self.tokens) - 1
+
+    def child_tokens(self, device) -> torch.Tensor:
+        """[1 + N, C] int64: each row's child tokens, -1 padded (C >= 1): the query tokens whose
+        probabilities give the chance of descending from each row."""
+        width = max(1, max(len(c) for c in self.children))
+        table = [list(c) + [-1] * (width - len(c)) for c in self.children]
+        return torch.tensor(table, dtype=torch.int64, device=device)
+
+    def positions(self, start: int, device) -> torch.Tensor:
+        """[1, 1 + N] position ids: the anchor at `start` (the committed context's length), a node at
+        start + depth."""
+        return torch.tensor([[start + d for d in self.depths]], dtype=torch.int64, device=device)
+
+    def attention_mask(self, context_length: int, dtype: torch.dtype, device) -> torch.Tensor:
+        """[1, 1, 1 + N, context_length + 1 + N] additive mask (0 visible, the dtype's minimum
+        hidden): every row sees the committed context, itself and its ancestors. Additive float
+        works with transformers' eager and SDPA attention alike; a 4D mask is used as given."""
+        rows = len(self.tokens)
+        visible = torch.zeros(rows, rows, dtype=torch.bool)
+        for r in range(rows):
+            a = r
+            while a >= 0:
+                visible[r, a] = True
+                a = self.parents[a]
+        visible = torch.cat([torch.ones(rows, context_length, dtype=torch.bool), visible], dim=1)
+        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+        return mask[None, None].to(device)
+
+    def walk(self, drawn: Sequence[int], child_probs: Sequence[Sequence[float]]) -> TrieWalk:
+        """The walk from the anchor given every row's draw `drawn` [1 + N] and the filtered
+        probability of each row's children (`child_probs`, in child_tokens' order)."""
+        tokens, rows, row = [], [0], 0
+        while True:
+            token = int(drawn[row])
+            tokens.append(token)
+            child = self.children[row].get(token)
+            if child is None:
+                break
+            rows.append(child)
+            row = child
+        reach = [1.0] * len(self.tokens)
+        for r, kids in enumerate(self.children):  # parents before children: reach[r] is final here
+            for c, child in enumerate(kids.values()):
+                reach[child] = reach[r] * float(child_probs[r][c])
+        return TrieWalk(tokens, rows, list(self.branches[rows[-1]]), sum(reach[1:]))
+
+
+def build_trie(branch_tokens: Sequence[Sequence[int]], prior: Sequence[float],
+               max_nodes: Optional[int] = None) -> DraftTrie:
+    """The trie of the distinct prefixes of K branches ([K][b] token ids), each node weighted by
+    the prior mass of the branches through it. `max_nodes`: keep that many nodes, those of the
+    highest mass (ties: shallower, then lower branch first), which always keeps a node's
+    ancestors (an ancestor's mass is at least its descendant's and it comes first in ties)."""
+    num_branches = len(branch_tokens)
+    tokens, parents, depths = [-1], [-1], [0]
+    children: List[Dict[int, int]] = [{}]
+    branches: List[List[int]] = [list(range(num_branches))]
+    mass = [float(sum(prior))]
+    where = [0] * num_branches  # the row each branch has reached
+    num_draft = len(branch_tokens[0]) if num_branches else 0
+    for depth in range(num_draft):  # depth-major: parents before children, shallower first
+        for k in range(num_branches):
+            token, parent = int(branch_tokens[k][depth]), where[k]
+            row = children[parent].get(token)
+            if row is None:
+                row = len(tokens)
+                children[parent][token] = row
+                tokens.append(token)
+                parents.append(parent)
+                depths.append(depth + 1)
+                children.append({})
+                branches.append([])
+                mass.append(0.0)
+            branches[row].append(k)
+            mass[row] += float(prior[k])
+            where[k] = row
+    trie = DraftTrie(tokens, parents, depths, children, branches, mass)
+    if max_nodes is None or max_nodes >= trie.num_nodes:
+        return trie
+    if max_nodes < 1:
+        raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+    ranked = sorted(range(1, len(tokens)), key=lambda r: (-mass[r], r))
+    return _keep_rows(trie, sorted(ranked[:max_nodes]))
+
+
+def _keep_rows(trie: DraftTrie, kept: List[int]) -> DraftTrie:
+    """The sub-trie of the anchor and `kept` (ascending rows, closed under ancestors), renumbered."""
+    new_row: Dict[int, int] = {0: 0}
+    for r in kept:
+        new_row[r] = len(new_row)
+    order = [0] + kept
+    children = [{t: new_row[c] for t, c in trie.children[r].items() if c in new_row} for r in order]
+    parents = [-1] + [new_row[trie.parents[r]] for r in kept]
+    return DraftTrie([trie.tokens[r] for r in order], parents, [trie.depths[r] for r in order], children,
+                     [trie.branches[r] for r in order], [trie.mass[r] for r in order])
+
