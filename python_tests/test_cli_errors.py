@@ -385,3 +385,16 @@ def test_a_draft_vocabulary_below_one_is_named_before_loading(files, capsys, sub
 def test_a_valid_draft_vocabulary_reaches_model_loading(files, subcommand):
     with pytest.raises(ModelLoaded):
         main([*every_model_subcommand(files)[subcommand], "--draft-vocab", "64"])
+
+
+@pytest.mark.parametrize("subcommand", DRAFTING_SUBCOMMANDS)
+@pytest.mark.parametrize("flags", [["--max-tree-nodes", "4"], ["--verify", "tree", "--max-tree-nodes", "0"]])
+def test_a_tree_node_budget_without_tree_verification_or_below_one_is_named_before_loading(files, capsys,
+                                                                                          subcommand, flags):
+    fails_cleanly(capsys, [*every_model_subcommand(files)[subcommand], *flags], "--max-tree-nodes must be >= 1")
+
+
+@pytest.mark.parametrize("subcommand", DRAFTING_SUBCOMMANDS)
+def test_tree_verification_reaches_model_loading(files, subcommand):
+    with pytest.raises(ModelLoaded):
+        main([*every_model_subcommand(files)[subcommand], "--verify", "tree", "--max-tree-nodes", "8"])
