@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from ..decoding import SamplingParams, SpeculativeDecoder
+from ..decoding import VERIFY_MODES, SamplingParams, SpeculativeDecoder
 from ..drafter import DrafterConfig
 from ..drafter_io import checkpoint_files, config_from_json, load_drafter
 from ..target_loading import check_target_path, default_device, load_target, resolve_dtype
@@ -46,7 +46,7 @@ def add_model_args(p, *, block_size: bool = True) -> None:
 
 
 def add_verify_args(p) -> None:
-    p.add_argument("--verify", choices=("branch", "tree"), default="branch",
+    p.add_argument("--verify", choices=VERIFY_MODES, default="branch",
                    help="branch: verify one branch drawn from the prior (DBLast Eq 18-21); tree: merge all K "
                         "branches into a trie and verify it in one target pass (a bigger pass, more tokens per "
                         "pass; docs/design.md). Both keep the target's distribution (default %(default)s)")

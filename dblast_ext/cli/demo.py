@@ -8,7 +8,8 @@ import sys
 
 from ..embedded_drafters import EMBEDDED_DRAFTERS
 from ..target_loading import TextStream, encode_messages, stop_token_ids
-from .common import add_draft_vocab_arg, add_runtime_args, add_verify_args, add_sampling_args, check_args, load_decoder, sampling_of
+from .common import (add_draft_vocab_arg, add_runtime_args, add_sampling_args, add_verify_args, check_args,
+                     load_decoder, sampling_of)
 from ..eval.metrics import speedup_ratio
 from ..eval.contention import contention_warning
 from ..foreign_load import timed
