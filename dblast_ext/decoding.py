@@ -3,76 +3,51 @@ a DBlastDrafter, `proposer.DrafterProposer`) drafting blocks, exact verification
 greedy-branch (`branch_verify`, one branch per cycle) or trie verification (`verify="tree"`,
 every branch in one target pass; dblast_ext.trie).
 
-One cycle (docs/design.md, "The decode cycle"; DBLast Algorithm 1):
-1. propose: K greedy branches of b tokens after the anchor and the category prior;
-2. choose a branch z ~ prior (Z_T = 0: the prior's argmax);
-3. one target forward on [anchor, draft]: logits and hidden states together;
-4. verify: accepted drafts n, then a correction or bonus token;
-5. crop the target cache to the committed length (the proposer only ever caches committed
-   context); the accepted tokens' features are the next cycle's new context.
-With verify="tree", steps 2-4 become: merge the K branches into a trie, one target forward over
-[anchor, trie nodes] under a tree mask, one `sample_tokens` draw per node, the walk; step 5 keeps
-the committed path's cache entries.
+One cycle (docs/design.md, "The decode cycle"; DBLast Algorithm 1), for every row of a batch
+at once (`generate_batch`; `generate` is a batch of one):
+1. propose: K greedy branches of b tokens after each row's anchor, and the category prior;
+2. choose a branch z ~ prior on the device (Z_T = 0: the prior's argmax);
+3. one target forward on [anchor, draft] per row: logits and hidden states together;
+4. verify: accepted drafts n per row, then a correction or bonus token;
+5. read n and the tokens (the cycle's one host read), keep each row's anchor and accepted
+   drafts in the target cache (dblast_ext.ragged_cache); the accepted tokens' features are the
+   next cycle's new context (the proposer only ever caches committed context).
+Records (branch, prior, expected accepted length) stay on the device until the batch ends.
+With verify="tree" (one prompt at a time), steps 2-4 become: merge the K branches into a trie,
+one target forward over [anchor, trie nodes] under a tree mask, one `sample_tokens` draw per
+node, the walk; step 5 keeps the committed path's cache entries.
 """
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable, List, Optional, Sequence
 
 import torch
 
 from . import ops, reference
+from .autoregressive import sample_autoregressive, sample_autoregressive_batch
 from .drafter import DBlastDrafter
 from .drafter_io import check_against_target
 from .draft_vocabulary import DraftVocab
+from .generation import (CycleRecord, GenerationOutput, draw_uniforms, keep_until_stop, prompt_lists, prompt_tensor,
+                         row_generators)
 from .proposer import DrafterProposer, Proposal, Proposer, check_proposal, check_proposer
+from .ragged_cache import RaggedRows
 from .sampling import SamplingParams, sample_from_logits
 from .target import TargetAdapter
 from .trie import build_trie
 
 __all__ = ["SpeculativeDecoder", "SamplingParams", "GenerationOutput", "CycleRecord", "sample_autoregressive",
-           "choose_branch"]
+           "sample_autoregressive_batch", "choose_branch", "VERIFY_MODES"]
 
 
-@dataclass
-class CycleRecord:
-    num_accepted: int          # accepted drafts n, 0..b (committed length n + 1; a response's last
-                               # cycle counts only the tokens kept before its stop token or limit)
-    expected_accepted: float   # sum_i prod_{j<=i} A_j of the verified draft: the whole draft, also
-                               # in a cycle cut at a stop token or the limit (a property of the
-                               # proposal, not of what the response kept)
-    branch: int
-    prior: List[float]
-    draft_time: float          # seconds in steps 1-2 of the cycle
-    verify_time: float         # seconds in steps 3-5
-    branches: List[int] = field(default_factory=list)  # the branches whose drafts begin with the
-                               # accepted ones: [branch] for greedy-branch verification; for trie
-                               # verification every branch through the deepest accepted node
-    tree_nodes: int = 0        # trie verification: the draft nodes the target scored (0: branch mode)
-
-
-@dataclass
-class GenerationOutput:
-    token_ids: List[int]
-    stopped_by_eos: bool
-    cycles: List[CycleRecord] = field(default_factory=list)
-
-
-def prompt_tensor(input_ids, max_new_tokens: int, device) -> torch.Tensor:
-    """One prompt as a [1, T] int64 tensor on `device`, checked before any model runs."""
-    ids = torch.as_tensor(input_ids, dtype=torch.int64, device=device)
-    ids = ids.view(1, -1) if ids.dim() == 1 else ids
-    if ids.dim() != 2 or ids.shape[0] != 1:
-        raise ValueError(f"input_ids must be one prompt ([T] or [1, T]), got shape {tuple(ids.shape)}")
-    if ids.shape[1] == 0:
-        raise ValueError("input_ids is empty: the prompt needs at least one token")
-    if max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
-    return ids
-
-
-def choose_branch(prior: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Step 2: z ~ prior for each row ([N, K] -> [N] int64 on the prior's device), from `generator`."""
-    return torch.multinomial(prior.cpu().double(), 1, generator=generator).view(-1).to(prior.device)
+def choose_branch(prior: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Step 2: z ~ prior for each row ([N, K] prior, [N] uniforms -> [N] int64), by inverse
+    CDF on the device. A branch of prior 0 is never chosen, rounding included."""
+    cdf = prior.double().cumsum(-1)
+    below = (cdf <= uniforms.to(cdf.dtype)[:, None]).sum(-1)
+    branches = torch.arange(prior.shape[-1], device=prior.device)
+    last_possible = torch.where(prior > 0, branches, 0).amax(-1)
+    return torch.minimum(below, last_possible)
 
 
 VERIFY_MODES = ("branch", "tree")
@@ -146,8 +121,136 @@ class SpeculativeDecoder:
     def generate(self, input_ids, sampling: Optional[SamplingParams] = None, max_new_tokens: int = 256,
                  stop_token_ids: Optional[Sequence[int]] = None, seed: int = 0,
                  on_tokens: Optional[Callable[[List[int]], None]] = None) -> GenerationOutput:
-        """Speculative sampling; `on_tokens(new_ids)` is called with the tokens each cycle
-        commits (for streaming), in order, ending with the last token returned."""
+        """Speculative sampling of one prompt; `on_tokens(new_ids)` is called with the tokens each
+        cycle commits (for streaming), in order, ending with the last token returned."""
+        if self.verify == "tree":
+            return self._generate_tree(input_ids, sampling, max_new_tokens, stop_token_ids, seed, on_tokens)
+        prompt_tensor(input_ids, max_new_tokens, "cpu")  # the single-prompt shape checks
+        stream = (lambda row, ids: on_tokens(ids)) if on_tokens else None
+        return self.generate_batch([torch.as_tensor(input_ids).view(-1).tolist()], sampling, max_new_tokens,
+                                   stop_token_ids, seeds=[seed], on_tokens=stream)[0]
+
+    @torch.inference_mode()
+    def generate_batch(self, prompts, sampling: Optional[SamplingParams] = None, max_new_tokens: int = 256,
+                       stop_token_ids: Optional[Sequence[int]] = None, seeds: Optional[Sequence[int]] = None,
+                       on_tokens: Optional[Callable[[int, List[int]], None]] = None) -> List[GenerationOutput]:
+        """Speculative sampling of many prompts at once (greedy-branch verification), one output
+        per prompt. Rows accept different numbers of drafts each cycle and finish at different
+        times (they then drop out); row r draws from its own generator seeded by seeds[r]
+        (default r), so its output is the one `generate(prompts[r], seed=seeds[r])` gives, up to
+        floating-point rounding in batched matrix products. `on_tokens(row, new_ids)` streams.
+        One host read per cycle: the accepted counts and tokens."""
+        if self.verify != "branch":
+            raise ValueError("generate_batch verifies one branch per row (verify='branch'); trie verification "
+                             "takes one prompt at a time: use generate")
+        sampling = sampling or SamplingParams()
+        rows = prompt_lists(prompts, max_new_tokens)
+        stops = set(stop_token_ids or ())
+        device = self.target.device
+        generators = row_generators(seeds, len(rows), device)
+        block = self.proposer.block_size
+
+        layout = RaggedRows.left_padded([len(p) for p in rows])
+        ids, mask, positions = layout.prefill_inputs(rows, device)
+        target_cache = self.target.new_cache()
+        logits, features = self.target.forward(ids, target_cache, last_logits_only=True, attention_mask=mask,
+                                               position_ids=positions)
+        anchors = self._sample(logits[:, -1], draw_uniforms(generators, 1, device)[:, 0], None, sampling,
+                               validate=False).tokens
+        context = layout.left_align(features)
+        context_lens = torch.tensor(layout.lengths, device=device)
+        proposer_cache = self.proposer.new_cache(len(rows), layout.end + max_new_tokens + 2 * block, device)
+
+        outputs = [[] for _ in rows]
+        active = []
+        for row, anchor in enumerate(anchors.tolist()):
+            if on_tokens:
+                on_tokens(row, [anchor])
+            if not keep_until_stop([anchor], outputs[row], stops, max_new_tokens):
+                active.append(row)
+        history = []  # per cycle: active rows, accepted, kept, device tensors (branch, expected, prior), times
+        if len(active) < len(rows):
+            anchors, context, context_lens, generators = self._drop_finished(
+                list(range(len(rows))), active, layout, target_cache, proposer_cache, anchors, context, context_lens,
+                generators)
+        while active:
+            t0 = time.perf_counter()
+            proposal = self.proposer.propose(anchors, context, proposer_cache, context_lens)   # 1. propose
+            uniforms = draw_uniforms(generators, block + 1, device)
+            branch = choose_branch(proposal.prior, uniforms[:, 0])                               # 2. choose
+            draft = proposal.branch_tokens.gather(1, branch[:, None, None].expand(-1, 1, block - 1))[:, 0]
+            t1 = time.perf_counter()
+            mask, positions = layout.block_inputs(block, device)                                  # 3. score
+            logits, features = self.target.forward(torch.cat([anchors[:, None], draft], dim=1), target_cache,
+                                                   attention_mask=mask, position_ids=positions)
+            result = self._verify(logits, proposal, branch, uniforms[:, 1:], sampling, validate=not history)  # 4.
+            accepted = result.num_accepted.long()
+            # 5. the cycle's one host read: how many drafts each row accepted, and the tokens
+            read = torch.cat([accepted[:, None], result.output_tokens], dim=1).tolist()
+            layout.commit(target_cache, [r[0] + 1 for r in read])
+            survive = torch.cumprod(result.accept_probs.double(), -1).sum(-1)
+            going, kept = [], []
+            for i, row in enumerate(active):
+                emitted = read[i][1 : read[i][0] + 2]
+                before = len(outputs[row])
+                finished = keep_until_stop(emitted, outputs[row], stops, max_new_tokens)
+                kept.append(len(outputs[row]) - before)
+                if on_tokens:
+                    on_tokens(row, outputs[row][before:])
+                if not finished:
+                    going.append(i)
+            history.append((list(active), [r[0] for r in read], kept, branch, survive, proposal.prior,
+                            t1 - t0, time.perf_counter() - t1))
+            anchors = result.output_tokens.gather(1, accepted[:, None])[:, 0]
+            context, context_lens = features, accepted + 1
+            if len(going) < len(active):
+                anchors, context, context_lens, generators = self._drop_finished(
+                    active, [active[i] for i in going], layout, target_cache, proposer_cache, anchors, context,
+                    context_lens, generators)
+            active = [active[i] for i in going]
+        cycles = self._cycle_records(history, len(rows))
+        return [GenerationOutput(out, bool(stops) and out[-1] in stops, cycles[row])
+                for row, out in enumerate(outputs)]
+
+    def _drop_finished(self, active, going, layout, target_cache, proposer_cache, anchors, context, context_lens,
+                       generators):
+        """Keeps the rows in `going` (output indices, a subset of `active`) in every state."""
+        position = {row: i for i, row in enumerate(active)}
+        keep = [position[row] for row in going]
+        if not keep:
+            return anchors, context, context_lens, generators
+        index = torch.tensor(keep, device=anchors.device)
+        layout.select(target_cache, keep)
+        if len(active) > 1 and not hasattr(proposer_cache, "select_rows"):
+            raise TypeError(f"{type(proposer_cache).__name__} lacks select_rows: batches of prompts need it "
+                            "(dblast_ext.proposer.ProposerCache)")
+        if hasattr(proposer_cache, "select_rows"):
+            proposer_cache.select_rows(index)
+        return (anchors.index_select(0, index), context.index_select(0, index), context_lens.index_select(0, index),
+                [generators[i] for i in keep])
+
+    @staticmethod
+    def _cycle_records(history, rows: int) -> List[List[CycleRecord]]:
+        """Every row's CycleRecords from the loop's history: the device-side figures of all
+        cycles read in one go."""
+        cycles = [[] for _ in range(rows)]
+        if not history:
+            return cycles
+        figures = torch.cat([torch.cat([branch[:, None].double(), survive[:, None], prior.double()], dim=1)
+                             for _, _, _, branch, survive, prior, _, _ in history]).tolist()
+        at = 0
+        for active, accepted, kept, _, _, _, draft_time, verify_time in history:
+            for i, row in enumerate(active):
+                branch, survive, *prior = figures[at + i]
+                n = accepted[i] if kept[i] == accepted[i] + 1 else kept[i] - 1  # a cut cycle counts what was kept
+                cycles[row].append(CycleRecord(n, survive, int(branch), prior, draft_time, verify_time, [int(branch)]))
+            at += len(active)
+        return cycles
+
+    def _generate_tree(self, input_ids, sampling: Optional[SamplingParams], max_new_tokens: int,
+                       stop_token_ids: Optional[Sequence[int]], seed: int,
+                       on_tokens: Optional[Callable[[List[int]], None]]) -> GenerationOutput:
+        """`generate` with trie verification: one prompt, one `_tree_cycle` per cycle."""
         sampling = sampling or SamplingParams()
         ids = prompt_tensor(input_ids, max_new_tokens, self.target.device)
         stops = set(stop_token_ids or ())
@@ -163,14 +266,11 @@ class SpeculativeDecoder:
                                                  ids.device)
         cycles = []
         while len(generated) < max_new_tokens and anchor not in stops:
-            record, emitted, context = self._cycle(anchor, context, target_cache, proposer_cache, sampling, generator,
-                                                   validate=not cycles)
+            record, emitted, context = self._tree_cycle(anchor, context, target_cache, proposer_cache, sampling,
+                                                        generator, validate=not cycles)
             cycles.append(record)
             before = len(generated)
-            for token in emitted:
-                generated.append(token)
-                if token in stops or len(generated) >= max_new_tokens:
-                    break
+            keep_until_stop(emitted, generated, stops, max_new_tokens)
             kept = len(generated) - before
             if kept < len(emitted):  # cut at a stop token or the limit: the cycle committed `kept` tokens
                 cycles[-1] = replace(record, num_accepted=kept - 1)
@@ -179,35 +279,6 @@ class SpeculativeDecoder:
             anchor = generated[-1]
         stopped = bool(stops) and generated[-1] in stops
         return GenerationOutput(generated[:max_new_tokens], stopped, cycles)
-
-    def _cycle(self, anchor: int, context: torch.Tensor, target_cache, proposer_cache,
-               sampling: SamplingParams, generator: torch.Generator, validate: bool):
-        """One cycle after `anchor` (the last committed token; `context` holds the target
-        features of the committed tokens the proposer has not cached yet). Returns the cycle's
-        record, the emitted tokens (accepted drafts + the correction or bonus token) and the
-        next context. `validate`: check the verifier's inputs' values (see _verify)."""
-        if self.verify == "tree":
-            return self._tree_cycle(anchor, context, target_cache, proposer_cache, sampling, generator, validate)
-        device = context.device
-        t0 = time.perf_counter()
-        anchors = torch.tensor([anchor], dtype=torch.int64, device=device)
-        proposal = self.proposer.propose(anchors, context, proposer_cache)            # 1. propose
-        branch = choose_branch(proposal.prior, generator)                               # 2. choose a branch
-        draft = proposal.branch_tokens[0, branch]
-        t1 = time.perf_counter()
-
-        verify_logits, features = self.target.forward(torch.cat([anchors[:, None], draft], dim=1),  # 3. score
-                                                      target_cache)
-        uniforms = torch.rand(1, self.proposer.block_size, generator=generator, dtype=torch.float64).to(device)
-        result = self._verify(verify_logits, proposal, branch, uniforms, sampling, validate)  # 4. verify
-        accepted = int(result.num_accepted[0])
-        emitted = result.output_tokens[0, : accepted + 1].tolist()
-        # 5. the target cache keeps the anchor and the accepted drafts; the final token is the next anchor
-        self.target.crop(target_cache, proposer_cache.length + accepted + 1)
-        survive = torch.cumprod(result.accept_probs[0].double(), 0)
-        record = CycleRecord(accepted, float(survive.sum()), int(branch), proposal.prior[0].tolist(), t1 - t0,
-                             time.perf_counter() - t1, [int(branch)])
-        return record, emitted, features[:, : accepted + 1]
 
     def _tree_cycle(self, anchor: int, context: torch.Tensor, target_cache, proposer_cache,
                     sampling: SamplingParams, generator: torch.Generator, validate: bool):
@@ -256,9 +327,9 @@ class SpeculativeDecoder:
         softmax."""
         validate = validate or not isinstance(self.proposer, DrafterProposer)
         if self.use_kernels:
-            return ops.branch_verify(logits.float(), proposal.branch_tokens, proposal.prior, branch, uniforms,
+            return ops.branch_verify(logits, proposal.branch_tokens, proposal.prior, branch, uniforms,
                                      validate=validate, **sampling.kwargs())
-        return reference.branch_verify(logits.float(), proposal.branch_tokens, proposal.prior, branch, uniforms,
+        return reference.branch_verify(logits, proposal.branch_tokens, proposal.prior, branch, uniforms,
                                        **sampling.kwargs())
 
     @torch.inference_mode()
@@ -273,10 +344,21 @@ class SpeculativeDecoder:
         target_cache = self.target.new_cache()
         _, context = self.target.forward(ids[:, :-1], target_cache, last_logits_only=True)
         proposer_cache = self.proposer.new_cache(1, ids.shape[1] + self.proposer.block_size, ids.device)
-        generator = torch.Generator().manual_seed(seed)
-        record, _, _ = self._cycle(int(ids[0, -1]), context, target_cache, proposer_cache, sampling, generator,
-                                   validate=True)
-        return record
+        if self.verify == "tree":
+            record, _, _ = self._tree_cycle(int(ids[0, -1]), context, target_cache, proposer_cache, sampling,
+                                            torch.Generator().manual_seed(seed), validate=True)
+            return record
+        block = self.proposer.block_size
+        anchors = ids[:, -1]
+        proposal = self.proposer.propose(anchors, context, proposer_cache, torch.tensor([context.shape[1]], device=ids.device))
+        uniforms = draw_uniforms([torch.Generator(device=ids.device).manual_seed(seed)], block + 1, ids.device)
+        branch = choose_branch(proposal.prior, uniforms[:, 0])
+        draft = proposal.branch_tokens.gather(1, branch[:, None, None].expand(-1, 1, block - 1))[:, 0]
+        logits, _ = self.target.forward(torch.cat([anchors[:, None], draft], dim=1), target_cache)
+        result = self._verify(logits, proposal, branch, uniforms[:, 1:], sampling, validate=True)
+        survive = float(torch.cumprod(result.accept_probs[0].double(), 0).sum())
+        return CycleRecord(int(result.num_accepted[0]), survive, int(branch[0]), proposal.prior[0].tolist(), 0.0, 0.0,
+                           [int(branch[0])])
 
     def warm_up(self, input_ids, sampling: Optional[SamplingParams] = None, *, target_only: bool = True,
                 stop_token_ids: Optional[Sequence[int]] = None) -> None:
@@ -294,28 +376,9 @@ class SpeculativeDecoder:
         return sample_autoregressive(self.target, input_ids, sampling, max_new_tokens, stop_token_ids, seed,
                                      on_tokens)
 
-
-@torch.inference_mode()
-def sample_autoregressive(target: TargetAdapter, input_ids, sampling: Optional[SamplingParams] = None,
-                          max_new_tokens: int = 256, stop_token_ids: Optional[Sequence[int]] = None, seed: int = 0,
-                          on_tokens: Optional[Callable[[List[int]], None]] = None,
-                          on_probs: Optional[Callable[[torch.Tensor, int], None]] = None) -> GenerationOutput:
-    """Sampling from the target alone, one token per pass, with the speculative path's filter and
-    inverse-CDF rule; `on_probs(probs, token)` sees each token's filtered distribution."""
-    sampling = sampling or SamplingParams()
-    ids = prompt_tensor(input_ids, max_new_tokens, target.device)
-    stops = set(stop_token_ids or ())
-    generator = torch.Generator().manual_seed(seed)
-    cache = target.new_cache()
-    logits, _ = target.forward(ids, cache, hidden_states=False, last_logits_only=True)
-    generated = []
-    while True:
-        token = sample_from_logits(logits[0, -1], sampling, generator, on_probs)
-        generated.append(token)
-        if on_tokens:
-            on_tokens([token])
-        if token in stops or len(generated) >= max_new_tokens:
-            break
-        logits, _ = target.forward(torch.tensor([[token]], device=ids.device), cache, hidden_states=False)
-    stopped = bool(stops) and generated[-1] in stops
-    return GenerationOutput(generated, stopped, [])
+    def generate_autoregressive_batch(self, prompts, sampling: Optional[SamplingParams] = None,
+                                      max_new_tokens: int = 256, stop_token_ids: Optional[Sequence[int]] = None,
+                                      seeds: Optional[Sequence[int]] = None) -> List[GenerationOutput]:
+        """The target alone over a batch, batched as `generate_batch` is: its speed-up baseline."""
+        return sample_autoregressive_batch(self.target, prompts, sampling, max_new_tokens, stop_token_ids, seeds,
+                                           use_kernels=self.use_kernels)

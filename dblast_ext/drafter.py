@@ -149,23 +149,35 @@ class DrafterLayer(nn.Module):
 
 
 class DrafterCache:
-    """The drafter's own context K/V per layer: [N, Hkv, capacity, D], valid up to `length`."""
+    """The drafter's own context K/V per layer: [N, Hkv, capacity, D]; row r's first
+    `lengths[r]` entries are valid (rows of a batch commit different numbers of tokens)."""
 
     def __init__(self, config: DrafterConfig, rows: int, capacity: int, device, dtype):
         shape = (rows, config.num_key_value_heads, capacity, config.head_dim)
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
-        self.length = 0
+        self.lengths = torch.zeros(rows, dtype=torch.int64, device=device)
 
     @property
     def capacity(self) -> int:
         return self.keys[0].shape[2]
 
+    @property
+    def length(self) -> int:
+        """The longest row's cached tokens (reads the device: not for the decode loop)."""
+        return int(self.lengths.max()) if self.lengths.numel() else 0
+
     def crop(self, length: int) -> None:
         """Forget cached context beyond `length` tokens (a rejected suffix)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"crop length must lie in [0, {self.length}], got {length}")
-        self.length = length
+        self.lengths.clamp_(max=length)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keeps only the given rows (int64 indices, in order): finished prompts drop out."""
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+        self.lengths = self.lengths.index_select(0, rows)
 
 
 class DBlastDrafter(nn.Module):
@@ -194,43 +206,52 @@ class DBlastDrafter(nn.Module):
         return block_embeddings if scale == 1.0 else block_embeddings * scale
 
     def forward(self, block_embeddings: torch.Tensor, context_features: torch.Tensor, cache: DrafterCache,
-                use_kernels: bool = True) -> torch.Tensor:
+                use_kernels: bool = True, context_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
         """One drafting pass. Appends the new context (`context_features` [N, T, L*H], the
-        target features of tokens not yet cached) to `cache`, then runs the block
-        (`block_embeddings` [N, B, H]: anchor + masks, embedded by the target) at the
-        positions right after it. Returns the final-normed block hidden states [N, B, H]."""
+        target features of tokens not yet cached; `context_lens` [N]: how many of the T are
+        row r's, None for all) to `cache`, then runs the block (`block_embeddings` [N, B, H]:
+        anchor + masks, embedded by the target) at the positions right after each row's
+        context. Returns the final-normed block hidden states [N, B, H].
+        With `context_lens` nothing reads the device (the decode loop's path): the caller sizes
+        the cache for its longest row plus T; without, the capacity is checked here."""
         c = self.config
         if use_kernels and torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             raise RuntimeError("the kernel path is inference-only: run the drafter under torch.inference_mode() "
                                "or torch.no_grad(), or pass use_kernels=False to train through the reference ops")
         rows, new, block = context_features.shape[0], context_features.shape[1], block_embeddings.shape[1]
-        if cache.length + new > cache.capacity:
-            raise ValueError(f"drafter cache holds {cache.capacity} tokens; {cache.length + new} needed")
-        start = cache.length
+        device = block_embeddings.device
+        if context_lens is None:
+            if cache.length + new > cache.capacity:
+                raise ValueError(f"drafter cache holds {cache.capacity} tokens; {cache.length + new} needed")
+            counts = torch.full((rows,), new, dtype=torch.int64, device=device)
+        else:
+            counts = context_lens.to(device=device, dtype=torch.int64)
+        start = cache.lengths                                          # [N]
+        lens = start + counts
         dtype = self.fc.weight.dtype  # the target may run in another precision
         block_embeddings = self.scale_embeddings(block_embeddings.to(dtype))
         context = self.hidden_norm(self.fc(context_features.to(dtype)))
-        device = block_embeddings.device
-        ctx_pos = torch.arange(start, start + new, device=device).expand(rows, new)
-        blk_pos = torch.arange(start + new, start + new + block, device=device).expand(rows, block)
-        lens = torch.full((rows,), start + new, dtype=torch.int32, device=device)
+        ctx_pos = start[:, None] + torch.arange(new, device=device)   # [N, T] (rows past counts: unused)
+        blk_pos = lens[:, None] + torch.arange(block, device=device)  # [N, B]
+        slots = ctx_pos[:, None, :, None].expand(rows, c.num_key_value_heads, new, c.head_dim)
         # rotary tables once per pass, shared by every layer
         ctx_rope = rotary_tables(ctx_pos, c.head_dim, c.rope_theta)
         blk_rope = rotary_tables(blk_pos, c.head_dim, c.rope_theta)
         attention = ops.drafter_attention if use_kernels else reference.drafter_attention
+        attention_lens = lens.to(torch.int32)
         h = block_embeddings
         for i, layer in enumerate(self.layers):
             if new:
                 k_ctx, v_ctx = layer.self_attn.project_keys_values(context, ctx_rope)
-                cache.keys[i][:, :, start : start + new] = k_ctx
-                cache.values[i][:, :, start : start + new] = v_ctx
+                cache.keys[i].scatter_(2, slots, k_ctx.to(cache.keys[i].dtype))
+                cache.values[i].scatter_(2, slots, v_ctx.to(cache.values[i].dtype))
 
             def attend(q, k_blk, v_blk, i=i):
-                return attention(q, cache.keys[i], cache.values[i], k_blk, v_blk, lens, window=c.window(i),
+                return attention(q, cache.keys[i], cache.values[i], k_blk, v_blk, attention_lens, window=c.window(i),
                                  causal=c.causal(i))
 
             h = layer(h, blk_rope, attend)
-        cache.length = start + new
+        cache.lengths = lens
         return self.norm(h)
 
     def branch_prior(self, anchor_hidden: torch.Tensor, category_temperature: float = 1.0) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The proposer seam: what the decode loop asks of a drafter, once per cycle.
 
-Given the anchor (the last committed token), the target features of the committed tokens the
-proposer has not seen yet and its own cache, a proposer returns a `Proposal`: the greedy token
+Given the anchor (the last committed token) of each row, the target features of the committed
+tokens the proposer has not seen yet (padded across rows: `context_lens` says how many are each
+row's) and its own cache, a proposer returns a `Proposal`: the greedy token
 of each of its K branches at each of the b draft positions, and the category prior over the
 branches (DBLast Eq 18-19). The decode loop chooses a branch, has the target score it and
 verifies exactly, so any proposer whose proposals meet `branch_verify`'s contract (int64 ids
@@ -11,7 +12,7 @@ distribution the target's; only the acceptance depends on it.
 `DrafterProposer` is the one this package ships (a `DBlastDrafter` drafting over an optional
 draft vocabulary); tests and other drafters implement the `Proposer` protocol directly.
 """
-from typing import NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Optional, Protocol, Sequence
 
 import torch
 
@@ -26,10 +27,9 @@ class Proposal(NamedTuple):
 
 
 class ProposerCache(Protocol):
-    """A proposer's own context state. `length`: the committed tokens it holds; `propose`
-    advances it by the new context it is given (the loop reads it to crop the target's cache)."""
-
-    length: int
+    """A proposer's own context state; `propose` appends the new context it is given. For
+    batches of prompts it also needs `select_rows(rows)` (int64 indices): the rows that go on
+    when others finish."""
 
 
 class Proposer(Protocol):
@@ -41,9 +41,11 @@ class Proposer(Protocol):
 
     def new_cache(self, rows: int, capacity: int, device: torch.device) -> ProposerCache: ...
 
-    def propose(self, anchors: torch.Tensor, context: torch.Tensor, cache: ProposerCache) -> Proposal:
-        """anchors [N] int64; context [N, T, F]: features of the T committed tokens `cache` lacks
-        (it appends them); returns the block after the anchors."""
+    def propose(self, anchors: torch.Tensor, context: torch.Tensor, cache: ProposerCache,
+                context_lens: Optional[torch.Tensor] = None) -> Proposal:
+        """anchors [N] int64; context [N, T, F]: features of the committed tokens `cache` lacks
+        (it appends them), the first context_lens[r] of row r ([N] int64 on the anchors'
+        device; None: all T); returns the block after the anchors."""
         ...
 
 
@@ -89,12 +91,14 @@ class DrafterProposer:
     def new_cache(self, rows: int, capacity: int, device) -> DrafterCache:
         return DrafterCache(self.drafter.config, rows, capacity, device, self.drafter.fc.weight.dtype)
 
-    def propose(self, anchors: torch.Tensor, context: torch.Tensor, cache: DrafterCache) -> Proposal:
+    def propose(self, anchors: torch.Tensor, context: torch.Tensor, cache: DrafterCache,
+                context_lens: Optional[torch.Tensor] = None) -> Proposal:
         config = self.drafter.config
         block_ids = torch.full((anchors.shape[0], config.block_size), config.mask_token_id, dtype=torch.int64,
                                device=anchors.device)
         block_ids[:, 0] = anchors
-        hidden = self.drafter(self.target.embed(block_ids), context, cache, use_kernels=self.use_kernels)
+        hidden = self.drafter(self.target.embed(block_ids), context, cache, use_kernels=self.use_kernels,
+                              context_lens=context_lens)
         prior = self.drafter.branch_prior(hidden[:, 0], self.category_temperature).float()
         return Proposal(self.draft_tokens(hidden), prior)
 

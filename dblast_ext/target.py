@@ -50,10 +50,15 @@ class TargetAdapter:
 
         return DynamicCache()
 
-    def forward(self, input_ids: torch.Tensor, cache, hidden_states: bool = True, last_logits_only: bool = False):
+    def forward(self, input_ids: torch.Tensor, cache, hidden_states: bool = True, last_logits_only: bool = False,
+                attention_mask: torch.Tensor = None, position_ids: torch.Tensor = None):
         """`last_logits_only` for a prefill, which samples from its last position only: [T, V]
-        logits over the whole prompt would be about a fifth of the pass (SmolLM2) for nothing."""
-        extra = self._last_logits_kwargs if last_logits_only else {}
+        logits over the whole prompt would be about a fifth of the pass (SmolLM2) for nothing.
+        `attention_mask` (2D, over the cache's slots and the new tokens) and `position_ids` for
+        batches of ragged rows (dblast_ext.ragged_cache); None: the model's defaults."""
+        extra = dict(self._last_logits_kwargs) if last_logits_only else {}
+        if attention_mask is not None:
+            extra.update(attention_mask=attention_mask, position_ids=position_ids)
         out = self.model(input_ids=input_ids, use_cache=True, output_hidden_states=hidden_states,
                          **{self._cache_arg: cache}, **extra)
         if not hidden_states:

@@ -94,9 +94,13 @@ class OracleProposer:
     def new_cache(self, rows, capacity, device):
         return CountingCache()
 
-    def propose(self, anchors, context, cache):
-        cache.length += context.shape[1]
+    def propose(self, anchors, context, cache, context_lens=None):
+        cache.length += context.shape[1] if context_lens is None else int(context_lens[0])
         assert cache.length == len(self.prefix) - 1 and int(anchors[0]) == self.prefix[-1]
+        return Proposal(self.draft_from_prefix(), self.prior.clone())
+
+    def draft_from_prefix(self):
+        """[1, K, b]: the greedy path after self.prefix and its runner-up variants."""
         num_draft = self.block_size - 1
         path, runner_up = list(self.prefix), []
         with torch.no_grad():
@@ -108,10 +112,46 @@ class OracleProposer:
         rows = [list(greedy) for _ in range(self.num_branches)]
         for z in range(1, self.num_branches):
             rows[z][(z - 1) % num_draft] = runner_up[(z - 1) % num_draft]
-        return Proposal(torch.tensor([rows], device=self.device), self.prior.clone())
+        return torch.tensor([rows], device=self.device)
 
 
 def oracle_decoder(dec, branches, prompt, **decoder_kwargs):
     """`dec`'s target driven by an OracleProposer, and that proposer."""
     oracle = OracleProposer(dec, branches, prompt)
     return SpeculativeDecoder(dec.target.model, proposer=oracle, **decoder_kwargs), oracle
+
+
+class RowsCache:
+    """A batch proposer's cache: which prompts its rows are, and how many committed tokens
+    each has seen."""
+
+    def __init__(self, rows):
+        self.rows, self.lengths = list(range(rows)), [0] * rows
+
+    def select_rows(self, index):
+        keep = index.tolist()
+        self.rows, self.lengths = [self.rows[i] for i in keep], [self.lengths[i] for i in keep]
+
+
+class BatchOracleProposer(OracleProposer):
+    """OracleProposer for a batch of prompts (each row's drafts from its own committed prefix,
+    followed through `on_tokens(row, ids)`), so that rows accept different numbers of drafts."""
+
+    def __init__(self, decoder, branches, prompts):
+        super().__init__(decoder, branches, [])
+        self.prefixes = [list(p) for p in prompts]
+
+    def on_tokens(self, row, ids):
+        self.prefixes[row].extend(ids)
+
+    def new_cache(self, rows, capacity, device):
+        return RowsCache(rows)
+
+    def propose(self, anchors, context, cache, context_lens=None):
+        proposals = []
+        for i, (row, new) in enumerate(zip(cache.rows, context_lens.tolist())):
+            cache.lengths[i] += new
+            assert cache.lengths[i] == len(self.prefixes[row]) - 1 and int(anchors[i]) == self.prefixes[row][-1]
+            self.prefix = self.prefixes[row]
+            proposals.append(self.draft_from_prefix())
+        return Proposal(torch.cat(proposals), self.prior.expand(len(proposals), -1).clone())

@@ -65,8 +65,8 @@ class ScriptedProposer:
     def new_cache(self, rows, capacity, device):
         return CountingCache()
 
-    def propose(self, anchors, context, cache):
-        cache.length += context.shape[1]  # the committed tokens before the anchor
+    def propose(self, anchors, context, cache, context_lens=None):
+        cache.length += context.shape[1] if context_lens is None else int(context_lens[0])  # committed before the anchor
         i = cache.length - self.prompt_length
         drafts = (self.continuation[i + 1 : i + self.block_size] + [0] * self.block_size)[: self.block_size - 1]
         return Proposal(torch.tensor([[drafts]], device=anchors.device), torch.ones(1, 1, device=anchors.device))
@@ -118,8 +118,8 @@ def test_a_proposal_breaking_the_verifiers_contract_is_refused(tmp_path):
     greedy = hf_greedy(target, PROMPT, 30)
 
     class HalfPrior(ScriptedProposer):
-        def propose(self, anchors, context, cache):
-            tokens, prior = super().propose(anchors, context, cache)
+        def propose(self, anchors, context, cache, context_lens=None):
+            tokens, prior = super().propose(anchors, context, cache, context_lens)
             return Proposal(tokens, prior * 0.5)
 
     dec = SpeculativeDecoder(target, proposer=HalfPrior(greedy, len(PROMPT), 4, (1, 4)))  # the ops check values
