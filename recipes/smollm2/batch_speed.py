@@ -1,0 +1,98 @@
+"""Tokens per second of batched speculative sampling on the embedded pair against the target
+alone batched the same way (`SpeculativeDecoder.generate_batch` against
+`generate_autoregressive_batch`: the same left-padded cache, the same per-prompt seeds and
+filter), at several batch sizes, side by side in one process. Run it on idle cores.
+
+    OMP_NUM_THREADS=2 python recipes/smollm2/batch_speed.py --out results/smollm2/batch
+
+Writes summary.json and README.md (the table, the machine and the date) under --out.
+"""
+import argparse
+import json
+import os
+import platform
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from dblast_ext import load_drafter
+from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
+from dblast_ext.embedded_drafters import resolve_drafter
+from dblast_ext.eval.datasets import load_dataset_list
+from dblast_ext.target_loading import encode_messages, load_target, stop_token_ids
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--drafter", default="dblast-k4")
+    p.add_argument("--datasets", default="gsm8k,mtbench", help="the first turns of these prompts")
+    p.add_argument("--num-prompts", type=int, default=8, help="per dataset")
+    p.add_argument("--batches", default="1,4,16")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=20)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--block-size", type=int, default=None, help="inference block (default: the drafter's)")
+    p.add_argument("--draft-vocab", type=int, default=None, help="draft from the first N token ids")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--out", required=True)
+    return p.parse_args()
+
+
+def timed(fn, *args, **kwargs):
+    start = time.perf_counter()
+    outs = fn(*args, **kwargs)
+    return outs, time.perf_counter() - start
+
+
+def main():
+    args = parse_args()
+    target, tokenizer = load_target("default", device="cpu", dtype=args.dtype, progress=False)
+    drafter = load_drafter(resolve_drafter(args.drafter), target=target).to(dtype=target.dtype).eval()
+    if args.block_size:
+        drafter.config.block_size = args.block_size
+    decoder = SpeculativeDecoder(target, drafter, draft_vocab=args.draft_vocab)
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
+    stops = stop_token_ids(target, tokenizer)
+    prompts = [encode_messages(tokenizer, [{"role": "user", "content": p.turns[0]}])
+               for p in load_dataset_list(args.datasets, limit=args.num_prompts)]
+    seeds = list(range(len(prompts)))
+    decoder.warm_up(prompts[0], sampling, stop_token_ids=stops)
+    rows = []
+    for batch in [int(b) for b in args.batches.split(",")]:
+        figures = {"batch": batch}
+        for name, run in (("speculative", decoder.generate_batch), ("target", decoder.generate_autoregressive_batch)):
+            tokens = seconds = passes = 0
+            for first in range(0, len(prompts), batch):
+                outs, wall = timed(run, prompts[first:first + batch], sampling, args.max_new_tokens, stops,
+                                   seeds=seeds[first:first + batch])
+                tokens += sum(len(o.token_ids) for o in outs)
+                seconds += wall
+                passes += max(len(o.cycles) for o in outs) if name == "speculative" else 0
+            figures[name] = {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_second": tokens / seconds}
+            if name == "speculative":
+                figures[name]["cycles"] = passes
+        figures["speedup"] = figures["speculative"]["tokens_per_second"] / figures["target"]["tokens_per_second"]
+        print(json.dumps(figures), flush=True)
+        rows.append(figures)
+    machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"machine": machine, "date": date, "settings": settings, "prompts": len(prompts), "rows": rows},
+                  f, indent=2)
+    lines = [f"# Batched speculative sampling on the embedded pair ({date})", "",
+             f"Machine: {machine}. Settings: {json.dumps(settings)}; {len(prompts)} prompts, seeds 0..{len(prompts) - 1}, "
+             "each batch size running the same prompts in consecutive batches. Produced by "
+             "`recipes/smollm2/batch_speed.py`.", "",
+             "| batch | speculative tok/s | target alone tok/s | speed-up |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r['batch']} | {r['speculative']['tokens_per_second']:.1f} | {r['target']['tokens_per_second']:.1f} "
+              f"| {r['speedup']:.2f}x |" for r in rows]
+    with open(os.path.join(args.out, "README.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
