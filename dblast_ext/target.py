@@ -46,9 +46,10 @@ class TargetAdapter:
         return self.lm_head_weight.dtype
 
     def new_cache(self):
-        from transformers import DynamicCache
+        """transformers' DynamicCache appending in place (dblast_ext.reserved_cache)."""
+        from .reserved_cache import new_reserved_cache
 
-        return DynamicCache()
+        return new_reserved_cache()
 
     def forward(self, input_ids: torch.Tensor, cache, hidden_states: bool = True, last_logits_only: bool = False,
                 attention_mask: torch.Tensor = None, position_ids: torch.Tensor = None):

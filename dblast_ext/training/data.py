@@ -40,7 +40,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from .. import reference
+from .. import ops
 from ..sampling import SamplingParams
 from ..target import cache_argument, last_position_logits_arguments
 from ..prompts import Prompt, chat_messages
@@ -165,7 +165,7 @@ def sample_batch(model, prompts: Sequence[Sequence[int]], generators: Sequence[t
         raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("a prompt has no tokens")
-    from transformers import DynamicCache
+    from ..reserved_cache import new_reserved_cache
 
     device = next(model.parameters()).device
     rows, width = len(prompts), max(len(p) for p in prompts)
@@ -177,7 +177,7 @@ def sample_batch(model, prompts: Sequence[Sequence[int]], generators: Sequence[t
     ids, mask = ids.to(device), mask.to(device)
     # a real token's position is the number of real tokens before it; padding sits at 0
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache, cache_arg = DynamicCache(), cache_argument(model)
+    cache, cache_arg = new_reserved_cache(), cache_argument(model)
     keep_last = last_position_logits_arguments(model)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                 **{cache_arg: cache}, **keep_last)
@@ -190,10 +190,13 @@ def sample_batch(model, prompts: Sequence[Sequence[int]], generators: Sequence[t
     eos = [False] * rows
     active = list(range(rows))  # the original row of every batch row
     while True:
-        probs = reference.filter_target_probs(logits, **sampling.kwargs())  # float64 [b, V]
+        # the verifiers' filter and inverse-CDF rule (the reference's, in one kernel), then the
+        # drawn tokens' filtered probabilities from the same filter
         uniforms = torch.cat([torch.rand(1, generator=generators[r], dtype=torch.float64) for r in active])
-        chosen = reference.inverse_cdf_sample(probs, uniforms.to(probs.device))
-        chosen_logprobs = probs.gather(-1, chosen[:, None]).squeeze(-1).log()
+        chosen = ops.sample_tokens(logits, uniforms.to(logits.device), **sampling.kwargs()).tokens
+        chosen_probs = ops.sample_tokens(logits, uniforms.to(logits.device), query_tokens=chosen[:, None],
+                                         **sampling.kwargs()).query_probs[:, 0]
+        chosen_logprobs = chosen_probs.double().log()
         keep = []
         for j, (r, token, lp) in enumerate(zip(active, chosen.tolist(), chosen_logprobs.tolist())):
             tokens[r].append(token)
