@@ -65,7 +65,13 @@ class SpeculativeDecoder:
         `verify`: "branch" verifies one branch drawn from the prior (DBLast Eq 18-21); "tree"
         merges all K branches into a trie and verifies it in one target pass (dblast_ext.trie;
         Z_T then only ranks nodes for `max_tree_nodes`, the most draft nodes scored per cycle,
-        None for all). Both leave the output distribution the target's."""
+        None for all). Both leave the output distribution the target's.
+        Speed without changing the output: the models' dtype, the drafter's inference block
+        (`drafter.config.block_size`) and `draft_vocab` change only how fast this runs. On a CPU
+        the fastest measured for the embedded drafters (float32 unless the CPU has native
+        bfloat16, block 8, the first 8,192 ids) are `dblast_ext.fastest_settings
+        .fastest_exact_settings("cpu", name)`, which `dblast demo` and `dblast generate` apply;
+        here nothing is chosen for you."""
         if (drafter is None) == (proposer is None):
             raise ValueError("give either drafter or proposer (exactly one)")
         if verify not in VERIFY_MODES:

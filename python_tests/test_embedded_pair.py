@@ -108,6 +108,9 @@ def test_dblast_demo_answers_its_prompts_and_reports_the_speedup(tmp_path):
     out = done.stdout
     assert out.count("committed length") >= 4 and "ceiling (n = b = B - 1: all drafts accepted)" in out
     assert "speed-up:" in out and "[4/4]" in out and "a cycle costs" in out
+    # the CPU's fastest exact settings, picked for the flags left at their defaults and said once
+    assert out.count("fastest exact settings here:") == 1 and "block 8 (" not in out
+    assert "(K = 4, block 8, drafting from 8" in out  # 8192 ids and the end-of-sequence ids
 
 
 @needs_smollm2

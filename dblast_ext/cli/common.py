@@ -1,6 +1,8 @@
 """Flags, checks and loading shared by the subcommands."""
+import argparse
 import json
 import math
+import os
 from typing import Optional
 
 import torch
@@ -8,6 +10,7 @@ import torch
 from ..decoding import VERIFY_MODES, SamplingParams, SpeculativeDecoder
 from ..drafter import DrafterConfig
 from ..drafter_io import checkpoint_files, config_from_json, load_drafter
+from ..fastest_settings import fastest_exact_settings
 from ..target_loading import check_target_path, default_device, load_target, resolve_dtype
 
 
@@ -60,12 +63,65 @@ def add_category_temperature_arg(p) -> None:
                    help="Z_T, the prior's temperature; 0 = always the most likely branch (default %(default)s)")
 
 
+def draft_vocab_value(text: str):
+    """--draft-vocab: a count of ids, or "all" (the whole vocabulary)."""
+    if text == "all":
+        return "all"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of token ids or 'all', got {text!r}") from None
+
+
 def add_draft_vocab_arg(p) -> None:
-    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+    p.add_argument("--draft-vocab", type=draft_vocab_value, default=None, metavar="N|all",
                    help="draft only the first N token ids (and the end-of-sequence ids): the drafter's LM head "
                         "then costs about N/V of a full one, the largest share of drafting on a CPU. A byte-level "
                         "BPE tokenizer numbers its tokens most frequent first. The output distribution is "
-                        "unchanged (verification is exact); only which tokens can be drafted (default: all)")
+                        "unchanged (verification is exact); only which tokens can be drafted. 'all': the whole "
+                        "vocabulary (default: all, or the fastest measured choice where demo and generate pick one)")
+
+
+def draft_vocab_of(args) -> Optional[int]:
+    value = getattr(args, "draft_vocab", None)
+    return None if value in (None, "all") else value
+
+
+def apply_fastest_settings(args, device_type: str, drafter: Optional[str]) -> str:
+    """For `dblast demo` and `dblast generate`: --dtype, --block-size and --draft-vocab left at
+    their defaults take the fastest settings that keep the output distribution
+    (dblast_ext.fastest_settings) for `device_type` and the embedded `drafter` (None: another
+    drafter). Returns the line saying what was picked ("" when the flags chose everything)."""
+    settings = fastest_exact_settings(device_type, drafter)
+    picked, measured = [], False
+    if args.dtype == "auto":
+        args.dtype = settings.dtype
+        picked.append(settings.why)
+    if settings.block_size is not None and args.block_size is None:
+        args.block_size = settings.block_size
+        picked.append(f"block {settings.block_size}")
+        measured = True
+    if settings.draft_vocab is not None and getattr(args, "draft_vocab", None) is None:
+        args.draft_vocab = settings.draft_vocab
+        picked.append(f"the first {settings.draft_vocab} ids as the draft vocabulary")
+        measured = True
+    if not picked:
+        return ""
+    source = f" ({settings.source})" if measured else ""
+    return (f"fastest exact settings here: {', '.join(picked)}{source}; the output distribution is the same "
+            "(--dtype, --block-size, --draft-vocab N|all override)")
+
+
+def pick_fastest_settings(args) -> str:
+    """apply_fastest_settings for the run the flags describe: its device, and the drafter when it
+    is an embedded one on the embedded target."""
+    from ..default_target import DEFAULT_TARGET
+    from ..embedded_drafters import EMBEDDED_DRAFTERS
+
+    device_type = torch.device(args.device or default_device()).type
+    embedded = (args.drafter in EMBEDDED_DRAFTERS and not os.path.isdir(args.drafter)
+                and getattr(args, "target", DEFAULT_TARGET) == DEFAULT_TARGET)
+    return apply_fastest_settings(args, device_type, args.drafter if embedded else None)
 
 
 def add_sampling_args(p, temperature: float = 1.0) -> None:
@@ -150,7 +206,7 @@ def check_args(args) -> DrafterConfig:
         raise ValueError(f"--branches must be >= 1, got {args.branches}")
     if args.block_size is not None and args.block_size < 2:
         raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
-    if getattr(args, "draft_vocab", None) is not None and args.draft_vocab < 1:
+    if draft_vocab_of(args) is not None and args.draft_vocab < 1:
         raise ValueError(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
     nodes = getattr(args, "max_tree_nodes", None)
     if nodes is not None and (nodes < 1 or getattr(args, "verify", "branch") != "tree"):
@@ -190,6 +246,6 @@ def drafting_decoder(args, target, path: str, num_branches: Optional[int], categ
     if args.block_size is not None:
         drafter.config.block_size = args.block_size  # the drafter pass itself takes any block length
     return SpeculativeDecoder(target, drafter, category_temperature=category_temperature,
-                              use_kernels=not args.no_kernels, draft_vocab=getattr(args, "draft_vocab", None),
+                              use_kernels=not args.no_kernels, draft_vocab=draft_vocab_of(args),
                               verify=getattr(args, "verify", "branch"),
                               max_tree_nodes=getattr(args, "max_tree_nodes", None))

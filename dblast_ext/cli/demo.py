@@ -9,7 +9,7 @@ import sys
 from ..embedded_drafters import EMBEDDED_DRAFTERS
 from ..target_loading import TextStream, encode_messages, stop_token_ids
 from .common import (add_draft_vocab_arg, add_runtime_args, add_sampling_args, add_verify_args, check_args,
-                     load_decoder, sampling_of)
+                     draft_vocab_of, load_decoder, pick_fastest_settings, sampling_of)
 from ..eval.metrics import speedup_ratio
 from ..eval.contention import contention_warning
 from ..foreign_load import timed
@@ -35,7 +35,8 @@ def add_parser(subparsers) -> None:
                    help=f"how many of the {len(DEMO_PROMPTS)} built-in prompts to answer (default %(default)s)")
     p.add_argument("--block-size", type=int, default=None,
                    help="draft blocks of this length instead of the trained 16 (a shorter block verifies fewer "
-                        "tokens per target pass, which pays on a CPU where a pass costs in proportion to its length)")
+                        "tokens per target pass, which pays on a CPU where a pass costs in proportion to its length; "
+                        "default: the fastest measured on this device, dblast_ext.fastest_settings)")
     add_draft_vocab_arg(p)
     add_verify_args(p)
     p.add_argument("--no-compare", action="store_true", help="skip the target-only runs (no speed-up figure)")
@@ -48,6 +49,7 @@ def run(args) -> int:
     args.target, args.branches, args.no_kernels = "default", None, False
     check_args(args)
     out = sys.stdout
+    picked = pick_fastest_settings(args)
     print("loading SmolLM2-135M-Instruct (the first run dequantises it once) ...", file=sys.stderr)
     decoder, tokenizer = load_decoder(args)
     drafter = decoder.drafter
@@ -55,9 +57,11 @@ def run(args) -> int:
     stops = stop_token_ids(decoder.target.model, tokenizer)
     vocab = "" if decoder.draft_ids is None else f", drafting from {len(decoder.draft_ids)} token ids"
     vocab += "" if decoder.verify == "branch" else ", trie verification"
-    print(f"target SmolLM2-135M-Instruct, drafter {args.drafter} (K = {drafter.num_branches}, block "
+    dtype = str(decoder.target.dtype).replace("torch.", "")
+    print(f"target SmolLM2-135M-Instruct ({dtype}), drafter {args.drafter} (K = {drafter.num_branches}, block "
           f"{drafter.config.block_size}{vocab}); temperature {args.temperature}, top-p {args.top_p}, top-k {args.top_k}, "
-          f"up to {args.max_new_tokens} new tokens\n", file=out)
+          f"up to {args.max_new_tokens} new tokens", file=out)
+    print((picked + "\n") if picked else "", file=out)
     prompts = [encode_messages(tokenizer, [{"role": "user", "content": text}]) for text in DEMO_PROMPTS[:args.prompts]]
     decoder.warm_up(prompts[0], sampling, target_only=not args.no_compare, stop_token_ids=stops)
 
@@ -101,7 +105,7 @@ def run(args) -> int:
         if accepted:
             print(cycle_cost_line(len(accepted), committed_length(accepted), draft_time, verify_time,
                                   ar_time / ar_tokens), file=out)
-        for note in (cheaper_cycle_hint(decoder.target.device.type, speedup, args.draft_vocab, args.block_size),
+        for note in (cheaper_cycle_hint(decoder.target.device.type, speedup, draft_vocab_of(args), args.block_size),
                      contention_warning(loads)):
             if note:
                 print(note, file=out)

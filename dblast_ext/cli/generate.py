@@ -6,7 +6,7 @@ import sys
 
 from ..target_loading import TextStream, encode_prompt, stop_token_ids
 from .common import (add_category_temperature_arg, add_model_args, add_sampling_args, check_args, load_decoder,
-                     sampling_of)
+                     pick_fastest_settings, sampling_of)
 from ..eval.metrics import speedup_ratio
 from ..eval.contention import contention_warning
 from ..foreign_load import timed
@@ -37,6 +37,9 @@ def run(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt:
         raise ValueError("--prompt: the prompt is empty" + (" (nothing on standard input)" if args.prompt == "-" else ""))
+    picked = pick_fastest_settings(args)
+    if picked:
+        print(picked, file=sys.stderr)
     decoder, tokenizer = load_decoder(args, args.category_temperature)
     target, drafter = decoder.target.model, decoder.drafter
     ids = encode_prompt(tokenizer, prompt, args.chat, args.system)

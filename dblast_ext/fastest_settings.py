@@ -1,0 +1,63 @@
+"""The fastest settings that leave the output distribution unchanged, for the embedded pair.
+
+Three choices change how fast speculative sampling runs but never what it samples
+(verification is exact whatever the drafts): the dtype the models run in, the inference block
+length (how many positions a cycle drafts and verifies) and the draft vocabulary (which token
+ids the drafter may propose). On a GPU the defaults are already the fast ones (bfloat16, the
+trained block, the whole vocabulary). On a CPU a target pass costs in proportion to the
+positions it scores and the drafter's LM head is the largest share of drafting, so a shorter
+block and the first 8,192 ids (a byte-level BPE tokenizer numbers its tokens most frequent first)
+pay; bfloat16 pays only where the CPU computes it natively (AVX-512 BF16 or AMX).
+
+The per-drafter CPU values are measurements, not guesses: results/smollm2/README.md ("What makes
+a cycle cheaper on a CPU", `recipes/smollm2/demo_sweep.sh`). Measure again when the drafters
+change. `dblast demo` and `dblast generate` apply them to the flags left at their defaults and say
+so on one line; Python users pass them to `SpeculativeDecoder` themselves:
+
+    settings = fastest_exact_settings("cpu", "dblast-k4")
+    drafter.config.block_size = settings.block_size or drafter.config.block_size
+    decoder = SpeculativeDecoder(target, drafter, draft_vocab=settings.draft_vocab)
+"""
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+
+__all__ = ["ExactSpeedSettings", "fastest_exact_settings", "cpu_has_native_bf16", "CPU_FASTEST"]
+
+# embedded drafter -> (inference block, draft vocabulary) fastest on a CPU; measured with dblast demo
+# on 2 cores, 2026-12-01 (block 8 + 8,192 ids: 0.87x against 0.57x for block 16 + all ids)
+CPU_FASTEST: Dict[str, Tuple[int, int]] = {"dflash-k1": (8, 8192), "dblast-k4": (8, 8192)}
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 matmuls natively (AVX-512 BF16 or AMX tiles); without,
+    torch emulates them and a bfloat16 model runs slower than a float32 one."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+
+
+@dataclass(frozen=True)
+class ExactSpeedSettings:
+    """dtype: a --dtype name, `why` its reason; block_size / draft_vocab: None keeps the drafter's
+    trained block / the whole vocabulary, `source` says where they were measured."""
+    dtype: str
+    why: str
+    block_size: Optional[int] = None
+    draft_vocab: Optional[int] = None
+    source: str = ""
+
+
+def fastest_exact_settings(device_type: str, drafter: Optional[str] = None) -> ExactSpeedSettings:
+    """The settings for `device_type` ("cpu" or "cuda") and `drafter` (an embedded drafter's name;
+    None or another drafter: only the dtype is chosen, its block and vocabulary were never
+    measured here)."""
+    if device_type != "cpu":
+        return ExactSpeedSettings("bfloat16", "bfloat16 on the GPU")
+    native = cpu_has_native_bf16()
+    dtype, why = ("bfloat16", "bfloat16 (native on this CPU)") if native else \
+        ("float32", "float32 (this CPU has no native bfloat16)")
+    if drafter not in CPU_FASTEST:
+        return ExactSpeedSettings(dtype, why)
+    block, vocab = CPU_FASTEST[drafter]
+    return ExactSpeedSettings(dtype, why, block, vocab, f"measured fastest for {drafter} on a CPU")

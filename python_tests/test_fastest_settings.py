@@ -1,0 +1,96 @@
+"""The fastest exact settings that `dblast demo` and `dblast generate` pick for flags left at their
+defaults (dblast_ext.fastest_settings): which dtype, block and draft vocabulary per device and
+drafter, that a flag given by the user always wins, and the line that says what was picked."""
+import argparse
+
+import pytest
+
+from dblast_ext import fastest_settings
+from dblast_ext.cli import common
+from dblast_ext.fastest_settings import CPU_FASTEST, fastest_exact_settings
+
+
+@pytest.fixture
+def cpu_bf16(monkeypatch):
+    """Sets whether the CPU computes bfloat16 natively: fastest_exact_settings asks at each call."""
+    def set_native(native: bool):
+        monkeypatch.setattr(fastest_settings, "cpu_has_native_bf16", lambda: native)
+    return set_native
+
+
+def _args(**overrides):
+    values = dict(dtype="auto", block_size=None, draft_vocab=None, device="cpu", drafter="dblast-k4",
+                  target="default")
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+@pytest.mark.parametrize("native,dtype", [(False, "float32"), (True, "bfloat16")])
+@pytest.mark.parametrize("drafter", sorted(CPU_FASTEST))
+def test_cpu_picks_the_measured_block_and_vocabulary_and_bf16_only_where_native(cpu_bf16, native, dtype, drafter):
+    cpu_bf16(native)
+    settings = fastest_exact_settings("cpu", drafter)
+    assert settings.dtype == dtype
+    assert (settings.block_size, settings.draft_vocab) == CPU_FASTEST[drafter] == (8, 8192)
+    assert ("native" in settings.why) and (("no native" in settings.why) != native)
+
+
+def test_unmeasured_drafters_and_gpus_keep_the_trained_block_and_whole_vocabulary(cpu_bf16):
+    cpu_bf16(False)
+    other = fastest_exact_settings("cpu", None)
+    assert (other.dtype, other.block_size, other.draft_vocab) == ("float32", None, None)
+    gpu = fastest_exact_settings("cuda", "dblast-k4")
+    assert (gpu.dtype, gpu.block_size, gpu.draft_vocab) == ("bfloat16", None, None)
+
+
+def test_cpu_has_native_bf16_follows_torchs_probes(monkeypatch):
+    import torch
+
+    for avx512_bf16, amx, expected in [(False, False, False), (True, False, True), (False, True, True)]:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
+        assert fastest_settings.cpu_has_native_bf16() is expected
+
+
+def test_defaults_are_filled_and_the_line_says_what_was_picked(cpu_bf16):
+    cpu_bf16(False)
+    args = _args()
+    line = common.pick_fastest_settings(args)
+    assert (args.dtype, args.block_size, args.draft_vocab) == ("float32", 8, 8192)
+    assert line.startswith("fastest exact settings here: float32 (this CPU has no native bfloat16), block 8, "
+                           "the first 8192 ids as the draft vocabulary (measured fastest for dblast-k4 on a CPU)")
+    assert "--dtype, --block-size, --draft-vocab N|all override" in line
+
+
+def test_flags_given_by_the_user_win(cpu_bf16):
+    cpu_bf16(True)
+    args = _args(dtype="float16", block_size=16, draft_vocab="all")
+    assert common.pick_fastest_settings(args) == ""  # nothing left to pick
+    assert (args.dtype, args.block_size, common.draft_vocab_of(args)) == ("float16", 16, None)
+    args = _args(block_size=4)
+    line = common.pick_fastest_settings(args)
+    assert (args.dtype, args.block_size, args.draft_vocab) == ("bfloat16", 4, 8192)
+    assert "block" not in line.split("(measured")[0] and "bfloat16 (native on this CPU)" in line
+
+
+def test_only_the_embedded_pair_gets_the_measured_block(cpu_bf16, tmp_path, monkeypatch):
+    cpu_bf16(False)
+    args = _args(target=str(tmp_path))  # another target: the embedded drafter's figures do not apply
+    common.pick_fastest_settings(args)
+    assert (args.dtype, args.block_size, args.draft_vocab) == ("float32", None, None)
+    (tmp_path / "dblast-k4").mkdir()  # a local directory of the embedded name is another drafter
+    monkeypatch.chdir(tmp_path)
+    args = _args()
+    common.pick_fastest_settings(args)
+    assert (args.block_size, args.draft_vocab) == (None, None)
+
+
+@pytest.mark.parametrize("text,value", [("all", "all"), ("64", 64)])
+def test_draft_vocab_flag_takes_a_count_or_all(text, value):
+    assert common.draft_vocab_value(text) == value
+    assert common.draft_vocab_of(argparse.Namespace(draft_vocab=value)) == (None if value == "all" else value)
+
+
+def test_draft_vocab_flag_refuses_other_words():
+    with pytest.raises(argparse.ArgumentTypeError, match="a number of token ids or 'all', got 'most'"):
+        common.draft_vocab_value("most")
