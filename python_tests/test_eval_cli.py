@@ -110,7 +110,32 @@ def test_eval_refuses_records_of_a_retrained_drafter(setup, capsys):
     assert "other settings" in capsys.readouterr().err
 
 
+def test_batched_eval_gives_every_response_it_gets_alone_and_resumes(setup, capsys):
+    key = lambda r: (r["dataset"], r["prompt_id"], r["turn"], r["accepted"], r["text"])  # noqa: E731
+    alone, batched = setup[0] / "greedy-alone", setup[0] / "greedy-batched"
+    run_eval(setup, alone, "--temperature", "0", "--branches", "2")
+    run_eval(setup, batched, "--temperature", "0", "--branches", "2", "--batch-size", "3")
+    want = sorted(key(r) for r in read_records(str(alone / "records.jsonl")))
+    records = read_records(str(batched / "records.jsonl"))
+    assert sorted(key(r) for r in records) == want  # q2's second turn saw its own first answer
+    assert all(r["settings"]["batch_size"] == 3 and r["wall_time"] > 0 for r in records)
+    assert "batch_size" not in read_records(str(alone / "records.jsonl"))[0]["settings"]
+    # killed after four responses, resumed in batches again
+    lines = (batched / "records.jsonl").read_text().splitlines(keepends=True)
+    (batched / "records.jsonl").write_text("".join(lines[:4]))
+    run_eval(setup, batched, "--temperature", "0", "--branches", "2", "--batch-size", "3")
+    assert sorted(key(r) for r in read_records(str(batched / "records.jsonl"))) == want
+    # batched records are not pooled with records made one response at a time
+    capsys.readouterr()
+    assert main(["eval", *model_args(setup, "--out", str(alone), "--temperature", "0", "--branches", "2",
+                                     "--batch-size", "2")]) == 2
+    assert "other settings" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("change,message", [
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--batch-size", "2", "--measure-speedup"], "--measure-speedup times every response alone"),
+    (["--batch-size", "2", "--branches", "2", "--verify", "tree"], "--verify tree takes one prompt at a time"),
     (["--datasets", "gsm9k"], "gsm9k"),
     (["--num-prompts", "0"], "--num-prompts"),
     (["--category-temperature", "warm"], "--category-temperature"),

@@ -3,7 +3,7 @@ given datasets (DBLast §4) and print the grid; `dblast eval --category-temperat
 does the same and then evaluates on the other 90%."""
 from ..eval.calibration import DEFAULT_GRID, calibrate_category_temperature, parse_grid
 from .common import add_model_args, add_sampling_args, check_args, load_decoder
-from .evaluate import add_eval_args, check_calibration_split, load_all_prompts, run_spec
+from .evaluate import add_eval_args, check_batch_size_arg, check_calibration_split, load_all_prompts, run_spec
 
 
 def add_parser(subparsers) -> None:
@@ -23,6 +23,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     drafter_config = check_args(args)
+    check_batch_size_arg(args)
     if drafter_config.num_branches == 1:
         raise ValueError("the drafter has one branch, so Z_T changes nothing: nothing to calibrate "
                          "(give a K > 1 drafter, or --branches K for an untrained head)")

@@ -30,7 +30,7 @@ from .common import (add_category_temperature_arg, add_model_args, add_sampling_
                      check_sampling_args, check_target_args, load_decoder, load_second_decoder, read_checkpoint_config,
                      sampling_of)
 from .display import acceptance_histogram
-from .evaluate import add_eval_args, load_all_prompts, model_name, run_spec
+from .evaluate import add_eval_args, check_batch_size_arg, load_all_prompts, model_name, run_spec
 
 
 def add_parser(subparsers) -> None:
@@ -69,7 +69,7 @@ def add_parser(subparsers) -> None:
     add_model_args(d)
     add_sampling_args(d)
     # the expected accepted length of one first cycle per point: nothing timed, no EOS filter
-    add_eval_args(d, measure_speedup=False, all_responses=False)
+    add_eval_args(d, measure_speedup=False, all_responses=False, batch_size=False)
     add_category_temperature_arg(d)
     d.add_argument("--truncations", type=int, default=200,
                    help="truncation points sampled over the responses (default %(default)s)")
@@ -91,7 +91,7 @@ def add_parser(subparsers) -> None:
     o.add_argument("--block-size", type=int, default=16,
                    help="B: the oracle drafts B - 1 tokens per cycle (default %(default)s)")
     add_sampling_args(o)
-    add_eval_args(o, measure_speedup=False)  # the oracle is never timed
+    add_eval_args(o, measure_speedup=False, batch_size=False)  # the oracle is never timed
 
 
 def run(args) -> int:
@@ -122,6 +122,7 @@ def run_ceiling(args) -> int:
 
 def run_expansion(args) -> int:
     trained = check_args(args).block_size
+    check_batch_size_arg(args)
     wider = args.block_size
     if wider <= trained:
         raise ValueError(f"--block-size {wider} must exceed the drafter's trained block size {trained}")

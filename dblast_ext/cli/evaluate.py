@@ -30,10 +30,10 @@ def add_parser(subparsers) -> None:
                    help="Z_T grid for calibration (default %(default)s)")
 
 
-def add_eval_args(p, *, measure_speedup: bool = True, all_responses: bool = True) -> None:
+def add_eval_args(p, *, measure_speedup: bool = True, all_responses: bool = True, batch_size: bool = True) -> None:
     """The prompt, output and progress flags of the subcommands that run benchmarks (each of
     them resumes a run left in its --out); each subcommand takes --measure-speedup /
-    --all-responses only where it uses them."""
+    --all-responses / --batch-size only where it uses them."""
     p.add_argument("--datasets", default="gsm8k,mtbench,humaneval,math500",
                    help="comma-separated: gsm8k, math500, humaneval, mtbench, or .jsonl paths (default %(default)s)")
     p.add_argument("--num-prompts", type=int, default=None, help="the first N prompts of each dataset")
@@ -43,6 +43,11 @@ def add_eval_args(p, *, measure_speedup: bool = True, all_responses: bool = True
     if all_responses:
         p.add_argument("--all-responses", action="store_true",
                        help="acceptance statistics over every response, not only those that ended with EOS")
+    if batch_size:
+        p.add_argument("--batch-size", type=int, default=1,
+                       help="responses generated at once (speculative sampling over a batch of prompts, each row "
+                            "as it would be alone); acceptance figures only: --measure-speedup and --verify tree "
+                            "need 1 (default %(default)s)")
     p.add_argument("--out", required=True, help="output directory (created; an existing one is resumed)")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     p.set_defaults(resumable=True)  # main's message on Ctrl-C
@@ -72,15 +77,28 @@ def model_name(path: str) -> str:
     return path if path == "default" or resolve_drafter(path) != path else os.path.abspath(path)
 
 
+def check_batch_size_arg(args) -> None:
+    """--batch-size against --measure-speedup and --verify, before any model loads."""
+    batch_size = getattr(args, "batch_size", 1)
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    if batch_size > 1 and getattr(args, "measure_speedup", False):
+        raise ValueError(f"--batch-size {batch_size}: --measure-speedup times every response alone (--batch-size 1)")
+    if batch_size > 1 and getattr(args, "verify", "branch") != "branch":
+        raise ValueError(f"--batch-size {batch_size}: --verify tree takes one prompt at a time (--batch-size 1)")
+
+
 def run_spec(args) -> RunSpec:
-    """The run's names, filter, limit and seed, from the flags."""
+    """The run's names, filter, limit, seed and batch size, from the flags."""
     return RunSpec(target=model_name(args.target), drafter=model_name(args.drafter),
                    drafter_digest=checkpoint_digest(args.drafter), sampling=sampling_of(args),
-                   max_new_tokens=args.max_new_tokens, seed=args.seed, progress=not args.no_progress)
+                   max_new_tokens=args.max_new_tokens, seed=args.seed, progress=not args.no_progress,
+                   batch_size=getattr(args, "batch_size", 1))
 
 
 def run(args) -> int:
     check_args(args)
+    check_batch_size_arg(args)
     calibrating = args.category_temperature == "calibrate"
     if not calibrating:
         try:
