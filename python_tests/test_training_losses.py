@@ -317,3 +317,15 @@ def test_acceptance_proxy_is_the_importance_weighted_eq_14_sum():
             q_prefix, p_prefix, survive = q_prefix * qi, p_prefix * pi, survive * min(1.0, pi / qi)
             expected += q_prefix / p_prefix * survive  # r_l prod_{j<=l} A_j
     assert accepted_length_proxy(prior, branch, target, mask).item() == pytest.approx(expected / 3, rel=1e-10)
+
+
+def test_top1_agreement_counts_by_hand():
+    from dblast_ext.training.objective import top1_agreement_counts
+
+    draft = torch.tensor([[[5, 6, 7], [1, 2, 3]], [[5, 0, 7], [9, 9, 9]]])
+    top1 = torch.tensor([[[5, 6, 0], [1, 0, 3]], [[5, 0, 7], [9, 8, 9]]])
+    mask = torch.tensor([[[1, 1, 1], [1, 1, 0]], [[1, 1, 1], [0, 0, 0]]], dtype=torch.bool)
+    hits, positions = top1_agreement_counts(draft, top1, mask)
+    # position 0: 5=5, 1=1, 5=5 (the 4th masked) -> 3 of 3; position 1: 6=6, 0!=2, 0=0 -> 2 of 3;
+    # position 2: 7!=0, (masked), 7=7 -> 1 of 2
+    assert hits.tolist() == [3, 2, 1] and positions.tolist() == [3, 3, 2]

@@ -101,6 +101,52 @@ def test_an_interrupted_run_resumes_to_the_same_state(world):
     assert [h["loss"] for h in whole["history"][8:]] == [h["loss"] for h in resumed["history"]]
 
 
+def _scripted_held_out_losses(monkeypatch, losses):
+    """trainer.evaluate returning the given held-out losses in turn (the real one runs too, for
+    its other fields)."""
+    from dblast_ext.training import trainer
+
+    real, queue = trainer.evaluate, list(losses)
+
+    def scripted(*args, **kwargs):
+        return dict(real(*args, **kwargs), loss=queue.pop(0))
+    monkeypatch.setattr(trainer, "evaluate", scripted)
+
+
+def test_training_stops_at_a_plateau_and_keeps_the_best_checkpoint(world, monkeypatch):
+    # held-out losses at steps 4, 8, 12, 16: best at 8, then two checkpoints without a lower one
+    _scripted_held_out_losses(monkeypatch, [5.0, 4.0, 4.5, 4.0, 3.0])
+    c = config(world, "plateau", max_steps=40, save_every=4, patience=2)
+    result = train(c, progress=False)
+    assert result["stopped_early"] and result["steps"] == 16 and result["best_step"] == 8
+    assert not os.path.exists(os.path.join(c.out, "checkpoint-0000020"))
+    best = os.path.join(c.out, "checkpoint-0000008")
+    for name in ("model.safetensors", "config.json"):
+        with open(os.path.join(best, name), "rb") as a, open(os.path.join(result["final"], name), "rb") as b:
+            assert a.read() == b.read(), name
+    assert not os.path.exists(os.path.join(result["final"], STATE_FILE))
+    # run again: it had stopped, so nothing more is trained
+    again = train(c, progress=False)
+    assert again["history"] == [] and again["stopped_early"] and again["best_step"] == 8
+
+
+def test_a_resumed_run_counts_the_plateau_from_where_it_stopped(world, monkeypatch):
+    _scripted_held_out_losses(monkeypatch, [5.0, 4.0, 4.5, 4.6])
+    c = config(world, "plateau-resume", max_steps=40, save_every=4, patience=2)
+    assert train(c, progress=False, stop_at_step=12)["steps"] == 12  # one stale checkpoint so far
+    resumed = train(c, progress=False)
+    assert resumed["stopped_early"] and resumed["steps"] == 16 and resumed["best_step"] == 8
+
+
+def test_held_out_evaluation_reports_top1_agreement_per_block_position(world):
+    c = config(world, "agreement", max_steps=4, save_every=4)
+    train(c, progress=False)
+    entry = json.loads(open(os.path.join(c.out, "eval_log.jsonl")).readline())
+    agreement = entry["top1_agreement"]
+    assert len(agreement) == 3  # block 4: three draft positions
+    assert all(a is None or 0 <= a <= 1 for a in agreement) and any(a is not None for a in agreement)
+
+
 def test_a_resume_refuses_other_training_data_at_the_same_path(world, tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text(open(world[3]["train"]).read())

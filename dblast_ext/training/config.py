@@ -17,6 +17,8 @@
       "num_anchors": 8, "batch_size": 4, "grad_accum": 1,
       "lr": 6e-4, "weight_decay": 0.0, "warmup_ratio": 0.04, "max_grad_norm": 1.0,
       "epochs": 1, "max_steps": null,
+      "patience": null,                      # with eval_data: stop after this many checkpoints without a
+                                             # lower held-out loss; final/ is then the best checkpoint
       "save_every": 200, "log_every": 10, "seed": 0, "chunk_size": 1024,
       "recompute_logits": true,              # false: keep label logits for backward (faster, more memory)
       "device": null, "dtype": "auto",
@@ -59,6 +61,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     epochs: int = 1
     max_steps: Optional[int] = None
+    patience: Optional[int] = None
     save_every: int = 200
     log_every: int = 10
     seed: int = 0
@@ -75,7 +78,7 @@ class TrainConfig:
 
 # What runs made before a field existed trained with: a saved config without the field is
 # compared as if it held this value.
-LEGACY_VALUES = {"distill_weight": 0.0, "feature_scaling": "none"}
+LEGACY_VALUES = {"distill_weight": 0.0, "feature_scaling": "none", "patience": None}
 FEATURE_SCALINGS = ("rms", "none")
 
 
@@ -109,6 +112,10 @@ def validate(c: TrainConfig, flags: Optional[Dict[str, str]] = None) -> TrainCon
         _positive(name(key), getattr(c, key))
     if c.max_steps is not None:
         _positive(name("max_steps"), c.max_steps)
+    if c.patience is not None:
+        _positive(name("patience"), c.patience)
+        if not c.eval_data:
+            raise ValueError(f"{name('patience')} stops on the held-out loss: it needs eval_data")
     if c.num_branches is not None:
         _positive(name("num_branches"), c.num_branches)
     if c.block_size is not None and (not isinstance(c.block_size, int) or c.block_size < 2):

@@ -80,6 +80,31 @@ def block_teacher(teacher: Tuple[torch.Tensor, torch.Tensor], anchors: torch.Ten
             at_draft_positions(logprobs, anchors, block_size, shift=0))
 
 
+def top1_agreement_counts(draft_tokens: torch.Tensor, target_top1: torch.Tensor, mask: torch.Tensor):
+    """Per block position: how often the drafted token is the target's most likely one, over
+    the masked positions. draft_tokens, target_top1, mask [..., b] -> (hits [b], positions [b])."""
+    hits = ((draft_tokens == target_top1) & mask).reshape(-1, mask.shape[-1]).sum(0)
+    return hits, mask.reshape(-1, mask.shape[-1]).sum(0)
+
+
+def greedy_drafts(drafter: DBlastDrafter, target: TargetAdapter, hidden: torch.Tensor,
+                  prior_logits: torch.Tensor) -> torch.Tensor:
+    """The tokens the drafter would draft at Z_T = 0 (its likeliest branch, each position's
+    argmax; `ops.branch_argmax` as in decoding): hidden [..., b, H] (normed, the draft
+    positions), prior_logits [..., K] -> [..., b]."""
+    from .. import ops
+
+    weight = target.lm_head_weight.detach()
+    expander = ((drafter.branch_expander.weight.detach().to(weight.dtype),
+                 drafter.branch_expander.bias.detach().to(weight.dtype)) if drafter.num_branches > 1 else (None, None))
+    flat = hidden.detach().reshape(-1, hidden.shape[-1]).to(weight.dtype)
+    with torch.autocast(hidden.device.type, enabled=False):  # the op computes in its inputs' dtype
+        tokens = ops.branch_argmax(flat, weight, *expander, vocab_size=target.vocab_size).tokens   # [.. * b, K]
+    tokens = tokens.view(*hidden.shape[:-1], drafter.num_branches)                           # [..., b, K]
+    branch = prior_logits.argmax(-1)[..., None, None].expand(*hidden.shape[:-1], 1)
+    return tokens.gather(-1, branch).squeeze(-1)
+
+
 def target_features(target: TargetAdapter, batch: Batch) -> torch.Tensor:
     """Context features [N, T, L*H] of every position (one inference-mode forward)."""
     return target_pass(target, batch.input_ids, batch.attention_mask).features
@@ -89,14 +114,17 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
                generator: torch.Generator, tau: float = 0.1, al_variant: str = "all_prefixes",
                position_weights: Optional[torch.Tensor] = None, chunk_size: int = 1024,
                features: Optional[torch.Tensor] = None, recompute_logits: bool = True, distill_weight: float = 0.0,
-               teacher: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
+               teacher: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+               agreement: bool = False) -> Dict[str, torch.Tensor]:
     """{"loss", "accepted_proxy", "blocks"} of one batch. `features` (the target's context
     features) and `teacher` (its top-k ids and log-probs [N, T, k], `FeatureCache.batch_topk`)
     may be passed in when computed already. With `distill_weight` w > 0 (objective nll only)
-    the loss is (1 - w) * the NLL + w * `distillation_loss`."""
+    the loss is (1 - w) * the NLL + w * `distillation_loss`. With `agreement`, also
+    "agreement_hits" and "agreement_positions" [b]: per block position, how often the greedy
+    draft (`greedy_drafts`) is the target's most likely token (teacher-forced on the data)."""
     if distill_weight and objective != "nll":
         raise ValueError(f"distill_weight applies to the nll objective only, got objective {objective!r}")
-    need_teacher = distill_weight > 0 and teacher is None
+    need_teacher = (distill_weight > 0 or agreement) and teacher is None
     if features is None or need_teacher:
         out = target_pass(target, batch.input_ids, batch.attention_mask, top_k=TOP_K if need_teacher else 0)
         features = out.features if features is None else features
@@ -125,7 +153,15 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
     keep = valid
     if not bool(keep.any()):  # no response long enough for a block in this batch: a zero loss, still a graph
         zero = hidden.sum() * 0.0
-        return {"loss": zero, "accepted_proxy": torch.tensor(0.0), "blocks": torch.tensor(0)}
+        none = torch.zeros(block - 1, dtype=torch.long)
+        return {"loss": zero, "accepted_proxy": torch.tensor(0.0), "blocks": torch.tensor(0),
+                **({"agreement_hits": none, "agreement_positions": none} if agreement else {})}
+    counts = {}
+    if agreement:
+        drafts = greedy_drafts(drafter, target, hidden[:, :, 1:][keep], prior_logits[keep])
+        top1 = block_teacher(teacher, anchors, block)[0][..., 0][keep]
+        hits, positions = top1_agreement_counts(drafts, top1, mask[keep])
+        counts = {"agreement_hits": hits.cpu(), "agreement_positions": positions.cpu()}
     branch_lp, prior_logits, target_lp, mask = branch_lp[keep], prior_logits[keep], target_lp[keep], mask[keep]
     if objective == "nll":
         loss = (nll_independent(branch_lp[:, 0], mask, position_weights) if drafter.num_branches == 1
@@ -140,4 +176,4 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
     else:
         raise ValueError(f"objective must be 'nll' or 'al', got {objective!r}")
     proxy = accepted_length_proxy(prior_logits, branch_lp, target_lp, mask)
-    return {"loss": loss, "accepted_proxy": proxy, "blocks": torch.tensor(int(keep.sum()))}
+    return {"loss": loss, "accepted_proxy": proxy, "blocks": torch.tensor(int(keep.sum())), **counts}

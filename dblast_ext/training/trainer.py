@@ -14,6 +14,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import sys
 import time
 import zlib
@@ -218,34 +219,66 @@ def _batch_indices(count: int, step: int, micro: int, config: TrainConfig, rank:
 
 
 def _config_loss(drafter, target, batch, config: TrainConfig, weights, generator, cache: Optional[FeatureCache],
-                 indices: List[int]):
+                 indices: List[int], agreement: bool = False):
     """batch_loss with the run's objective settings (training steps and held-out evaluation
     alike), on the cache's target outputs when there is one."""
     length = batch.input_ids.shape[1]
     features = cache.batch(indices, length, batch.input_ids.device) if cache else None
     teacher = (cache.batch_topk(indices, length, batch.input_ids.device)
-               if cache and config.distill_weight > 0 else None)
+               if cache and (config.distill_weight > 0 or agreement) else None)
     return batch_loss(drafter, target, batch, objective=config.objective, num_anchors=config.num_anchors,
                       generator=generator, tau=config.tau, al_variant=config.al_variant, position_weights=weights,
                       chunk_size=config.chunk_size, features=features, recompute_logits=config.recompute_logits,
-                      distill_weight=config.distill_weight, teacher=teacher)
+                      distill_weight=config.distill_weight, teacher=teacher, agreement=agreement)
 
 
 def evaluate(drafter, target, records, config, weights, device, cache: Optional[FeatureCache] = None) \
         -> Dict[str, float]:
-    """Mean loss and acceptance proxy over held-out records (fixed anchors)."""
+    """Mean loss and acceptance proxy over held-out records (fixed anchors), and per block
+    position the top-1 agreement: how often the greedy draft is the target's most likely token."""
     totals, blocks = {"loss": 0.0, "accepted_proxy": 0.0}, 0
+    hits = positions = 0
     with torch.no_grad(), training_autocast(config, device):  # the same precision as the training loss
         for start in range(0, len(records), config.batch_size):
             indices = list(range(start, min(start + config.batch_size, len(records))))
             batch = collate([records[i] for i in indices], device)
             out = _config_loss(drafter, target, batch, config, weights,
-                               torch.Generator().manual_seed(_seed(config.seed, "eval", start)), cache, indices)
+                               torch.Generator().manual_seed(_seed(config.seed, "eval", start)), cache, indices,
+                               agreement=True)
             n = int(out["blocks"])
             totals["loss"] += float(out["loss"]) * n
             totals["accepted_proxy"] += float(out["accepted_proxy"]) * n
+            hits, positions = hits + out["agreement_hits"], positions + out["agreement_positions"]
             blocks += n
-    return {k: v / max(1, blocks) for k, v in totals.items()}
+    result = {k: v / max(1, blocks) for k, v in totals.items()}
+    counted = zip(hits.tolist(), positions.tolist()) if torch.is_tensor(hits) else ()
+    result["top1_agreement"] = [round(h / p, 4) if p else None for h, p in counted]
+    return result
+
+
+class Plateau:
+    """The best held-out loss so far, its step, and how many checkpoints since it: training
+    stops once that count reaches `patience` (None: never)."""
+
+    def __init__(self, patience: Optional[int], state: Optional[Dict] = None):
+        self.patience = patience
+        saved = (state or {}).get("plateau") or {}
+        self.best_step, self.best_loss, self.stale = saved.get("best_step"), saved.get("best_loss"), saved.get("stale", 0)
+
+    def update(self, step: int, held_out: Optional[Dict]) -> None:
+        if held_out is None:
+            return
+        if self.best_loss is None or held_out["loss"] < self.best_loss:
+            self.best_step, self.best_loss, self.stale = step, held_out["loss"], 0
+        else:
+            self.stale += 1
+
+    @property
+    def reached(self) -> bool:
+        return self.patience is not None and self.stale >= self.patience
+
+    def to_json(self) -> Dict:
+        return {"best_step": self.best_step, "best_loss": self.best_loss, "stale": self.stale}
 
 
 def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[int] = None) -> Dict:
@@ -300,11 +333,14 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         start = state["step"]
+    plateau = Plateau(config.patience, state)
     autocast = training_autocast(config, device)
     bar = progress_bar(total, initial=start, desc="training", unit="step", enabled=progress and parallel.rank == 0)
     log_path = os.path.join(config.out, "train_log.jsonl")
     history = []
     for step in range(start, total):
+        if plateau.reached:  # a resumed run that had already stopped
+            break
         started = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss_sum = proxy_sum = 0.0
@@ -339,19 +375,49 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
             if parallel.rank == 0:
                 held_out = (evaluate(drafter, target, eval_records, config, weights, device, eval_cache)
                             if eval_records else None)
-                save_checkpoint(drafter, optimizer, scheduler, config, step + 1, held_out, identity)
+                plateau.update(step + 1, held_out)
+                save_checkpoint(drafter, optimizer, scheduler, config, step + 1, held_out, identity, plateau)
             parallel.barrier()
+            if parallel.world > 1:  # every rank stops at the same step
+                plateau.stale = int(_broadcast(plateau.stale, device))
+            if plateau.reached:
+                print(f"training: held-out loss has not improved for {plateau.stale} checkpoints (patience "
+                      f"{config.patience}); stopping at step {step + 1}, final = step {plateau.best_step}",
+                      file=sys.stderr) if parallel.rank == 0 else None
+                break
         if stop_at_step is not None and step + 1 == stop_at_step:
             break
     bar.close()
     finished = history[-1]["step"] if history else start
-    if parallel.rank == 0 and finished == total:
-        save_pretrained(drafter, os.path.join(config.out, "final"))
+    done = finished == total or plateau.reached
+    if parallel.rank == 0 and done:
+        final = os.path.join(config.out, "final")
+        if config.patience is not None and plateau.best_step is not None:  # the best held-out checkpoint
+            copy_checkpoint(os.path.join(config.out, f"checkpoint-{plateau.best_step:07d}"), final)
+        else:
+            save_pretrained(drafter, final)
     return {"steps": finished, "total_steps": total, "history": history,
-            "final": os.path.join(config.out, "final") if finished == total else None}
+            "final": os.path.join(config.out, "final") if done else None, "stopped_early": plateau.reached,
+            "best_step": plateau.best_step}
 
 
-def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out, identity: Dict) -> str:
+def _broadcast(value: int, device) -> int:
+    """Rank 0's value on every rank."""
+    tensor = torch.tensor([value], device=device)
+    dist.broadcast(tensor, 0)
+    return int(tensor.item())
+
+
+def copy_checkpoint(checkpoint: str, out: str) -> None:
+    """A checkpoint's drafter (config.json, model.safetensors; not the trainer state) into `out`."""
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(checkpoint):
+        if name != STATE_FILE and os.path.isfile(os.path.join(checkpoint, name)):
+            shutil.copyfile(os.path.join(checkpoint, name), os.path.join(out, name))
+
+
+def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out, identity: Dict,
+                    plateau: Optional[Plateau] = None) -> str:
     """`identity`: what else a resume must match (the data file's digest, the world size).
     model.safetensors is the drafter to use (fc folded); the state file keeps the drafter as
     trained and its feature scale, which a resume continues from bit for bit."""
@@ -362,7 +428,8 @@ def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out, ident
     scale = getattr(drafter.fc, "feature_scale", None)
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "drafter": drafter.state_dict(), "feature_scale": None if scale is None else scale.detach().cpu(),
-                "config": config.to_json(), "held_out": held_out, **identity}, partial)
+                "config": config.to_json(), "held_out": held_out,
+                "plateau": plateau.to_json() if plateau else None, **identity}, partial)
     os.replace(partial, os.path.join(path, STATE_FILE))
     if held_out is not None:
         with open(os.path.join(config.out, "eval_log.jsonl"), "a") as f:
