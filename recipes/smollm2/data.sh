@@ -12,6 +12,9 @@
 #   bash recipes/smollm2/data.sh                       # the full set
 #   MATH=8 CODE=4 CHAT=4 SHARD=4 HELD_MATH=2 HELD_CODE=2 HELD_CHAT=2 STORE=runs/smoke-data WORK=runs/smoke bash recipes/smollm2/data.sh
 # When every shard is done it writes WORK/train.jsonl and WORK/heldout.jsonl for run.sh.
+# Several copies may run at once (e.g. one per core, OMP_NUM_THREADS=1 each): a copy takes a
+# shard only under its lock (flock, released when the copy ends, however it ends), and the
+# steps that write shared files take a common lock in turn.
 # Environment: MATH, CODE, CHAT (prompts of each kind), CODE_SAMPLES (responses per code prompt),
 # SHARD (sequences per shard), STORE (kept shards, default recipes/smollm2/data), WORK (scratch,
 # default runs/smollm2-data), BATCH (sequences sampled at once), HELD_MATH, HELD_CODE, HELD_CHAT
@@ -24,19 +27,30 @@ SHARD=${SHARD:-200} BATCH=${BATCH:-16}
 HELD_MATH=${HELD_MATH:-32} HELD_CODE=${HELD_CODE:-16} HELD_CHAT=${HELD_CHAT:-16}
 STORE=${STORE:-recipes/smollm2/data} WORK=${WORK:-runs/smollm2-data}
 SAMPLING="--temperature 0.7 --top-p 0.8 --top-k 20 --max-new-tokens 256 --seed 0"
-mkdir -p "$STORE/prompts" "$STORE/responses" "$WORK/shards" "$WORK/responses"
+mkdir -p "$STORE/prompts" "$STORE/responses" "$WORK/shards" "$WORK/responses" "$WORK/locks"
 lines() { [[ -f $1 ]] && wc -l < "$1" || echo 0; }
 P=$STORE/prompts
+# with_lock NAME CMD...: CMD while holding WORK/locks/NAME (waiting for it)
+with_lock() { local name=$1; shift; ( flock 9; "$@" ) 9> "$WORK/locks/$name.lock"; }
 
-echo "== prompts ($(date -u +%T))"
 # made once and kept: the chat instructions are sampled, so a later machine (another torch
 # build or thread count) could draw other ones; the shards below must stay the same
-[[ -s $P/math.jsonl ]] || python recipes/smollm2/prompts.py --count "$MATH" --seed 0 --out "$P/math.jsonl"
-[[ -s $P/code.jsonl ]] || python recipes/smollm2/code_prompts.py --count "$CODE" --seed 0 --out "$P/code.jsonl"
-[[ -s $P/math-heldout.jsonl ]] || python recipes/smollm2/prompts.py --count "$HELD_MATH" --seed 1 --exclude "$P/math.jsonl" \
-  --out "$P/math-heldout.jsonl"
-[[ -s $P/code-heldout.jsonl ]] || python recipes/smollm2/code_prompts.py --count "$HELD_CODE" --seed 0 --heldout \
-  --out "$P/code-heldout.jsonl"
+make_prompts() {
+  [[ -s $P/math.jsonl ]] || python recipes/smollm2/prompts.py --count "$MATH" --seed 0 --out "$P/math.jsonl"
+  [[ -s $P/code.jsonl ]] || python recipes/smollm2/code_prompts.py --count "$CODE" --seed 0 --out "$P/code.jsonl"
+  [[ -s $P/math-heldout.jsonl ]] || python recipes/smollm2/prompts.py --count "$HELD_MATH" --seed 1 \
+    --exclude "$P/math.jsonl" --out "$P/math-heldout.jsonl"
+  [[ -s $P/code-heldout.jsonl ]] || python recipes/smollm2/code_prompts.py --count "$HELD_CODE" --seed 0 --heldout \
+    --out "$P/code-heldout.jsonl"
+}
+make_chat_prompts() {
+  [[ $(lines "$P/chat.jsonl") == "$CHAT" ]] || python recipes/smollm2/self_instruct.py --count "$CHAT" --seed 0 \
+    --out "$P/chat.jsonl"
+  [[ $(lines "$P/chat-heldout.jsonl") == "$HELD_CHAT" ]] || python recipes/smollm2/self_instruct.py \
+    --count "$HELD_CHAT" --seed 1 --exclude "$P/chat.jsonl" --out "$P/chat-heldout.jsonl"
+}
+echo "== prompts ($(date -u +%T))"
+with_lock setup make_prompts
 
 # shard KIND SAMPLES: cut $P/KIND.jsonl into $WORK/shards/KIND-NNN.jsonl of about SHARD sequences
 shard() {
@@ -53,43 +67,40 @@ for i in range(0, len(rows), per):
 PY
 }
 
-# run_shards KIND SAMPLES: every shard of KIND not yet kept in STORE
+# run_shards KIND SAMPLES: every shard of KIND not yet kept in STORE nor taken by another copy
 run_shards() {
   local kind=$1 samples=$2 name kept out
-  shard "$kind" "$samples"
+  with_lock setup shard "$kind" "$samples"
   for prompts in "$WORK/shards/$kind"-[0-9][0-9][0-9].jsonl; do
     name=$(basename "$prompts" .jsonl)
     kept=$STORE/responses/$name.jsonl.gz
     [[ -f $kept ]] && continue
-    out=$WORK/responses/$name.jsonl
-    echo "== $name: $(lines "$prompts") prompts x $samples ($(date -u +%T))"
-    dblast data generate --prompts "$prompts" --out "$out" $SAMPLING --samples-per-prompt "$samples" \
-      --batch-size "$BATCH" --no-progress
-    gzip -9 -c "$out" > "$kept.tmp" && mv "$kept.tmp" "$kept"
+    exec 9> "$WORK/locks/$name.lock"
+    flock -n 9 || { exec 9>&-; continue; }   # another copy is on it
+    if [[ ! -f $kept ]]; then
+      out=$WORK/responses/$name.jsonl
+      echo "== $name: $(lines "$prompts") prompts x $samples ($(date -u +%T), copy $$)"
+      dblast data generate --prompts "$prompts" --out "$out" $SAMPLING --samples-per-prompt "$samples" \
+        --batch-size "$BATCH" --no-progress
+      gzip -9 -c "$out" > "$kept.tmp" && mv "$kept.tmp" "$kept"
+    fi
+    exec 9>&-
   done
 }
 
-run_shards math 1
-run_shards code "$CODE_SAMPLES"
-[[ $(lines "$P/chat.jsonl") == "$CHAT" ]] || python recipes/smollm2/self_instruct.py --count "$CHAT" --seed 0 \
-  --out "$P/chat.jsonl"
-[[ $(lines "$P/chat-heldout.jsonl") == "$HELD_CHAT" ]] || python recipes/smollm2/self_instruct.py --count "$HELD_CHAT" --seed 1 \
-  --exclude "$P/chat.jsonl" --out "$P/chat-heldout.jsonl"
-run_shards chat 1
-
-echo "== held out ($(date -u +%T))"
-cat "$P/"{math,code,chat}-heldout.jsonl > "$WORK/heldout-prompts.jsonl"
-if [[ ! -f $STORE/responses/heldout.jsonl.gz ]]; then
-  dblast data generate --prompts "$WORK/heldout-prompts.jsonl" --out "$WORK/responses/heldout.jsonl" $SAMPLING \
-    --batch-size "$BATCH" --no-progress
-  gzip -9 -c "$WORK/responses/heldout.jsonl" > "$STORE/responses/heldout.jsonl.gz"
-fi
-
-echo "== collect ($(date -u +%T))"
-zcat "$STORE/responses/"{math,code,chat}-[0-9][0-9][0-9].jsonl.gz > "$WORK/train.jsonl.tmp"
-mv "$WORK/train.jsonl.tmp" "$WORK/train.jsonl"
-zcat "$STORE/responses/heldout.jsonl.gz" > "$WORK/heldout.jsonl"
-python - "$WORK/train.jsonl" "$WORK/heldout.jsonl" <<'PY'
+held_out() {
+  cat "$P/"{math,code,chat}-heldout.jsonl > "$WORK/heldout-prompts.jsonl"
+  if [[ ! -f $STORE/responses/heldout.jsonl.gz ]]; then
+    dblast data generate --prompts "$WORK/heldout-prompts.jsonl" --out "$WORK/responses/heldout.jsonl" $SAMPLING \
+      --batch-size "$BATCH" --no-progress
+    gzip -9 -c "$WORK/responses/heldout.jsonl" > "$STORE/responses/heldout.jsonl.gz"
+  fi
+}
+collect() {
+  zcat "$STORE/responses/"{math,code,chat}-[0-9][0-9][0-9].jsonl.gz > "$WORK/train.jsonl.tmp"
+  mv "$WORK/train.jsonl.tmp" "$WORK/train.jsonl"
+  zcat "$STORE/responses/heldout.jsonl.gz" > "$WORK/heldout.jsonl"
+  python - "$WORK/train.jsonl" "$WORK/heldout.jsonl" <<'PY'
 import json, sys
 for path in sys.argv[1:]:
     with open(path) as f:
@@ -97,4 +108,21 @@ for path in sys.argv[1:]:
     tokens = sum(sum(r["loss_mask"]) for r in records)
     print(f"{path}: {len(records)} sequences, {tokens} response tokens")
 PY
+}
+
+run_shards math 1
+run_shards code "$CODE_SAMPLES"
+with_lock setup make_chat_prompts
+run_shards chat 1
+
+echo "== held out ($(date -u +%T))"
+with_lock setup held_out
+missing=$(for f in "$WORK/shards/"*-[0-9][0-9][0-9].jsonl; do
+  n=$(basename "$f" .jsonl); [[ -f $STORE/responses/$n.jsonl.gz ]] || echo "$n"; done)
+if [[ -n $missing ]]; then
+  echo "== other copies are still on $(echo $missing); the last to finish collects ($(date -u +%T))"
+  exit 0
+fi
+echo "== collect ($(date -u +%T))"
+with_lock setup collect
 echo "== done ($(date -u +%T))"
