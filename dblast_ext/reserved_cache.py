@@ -31,8 +31,10 @@ class ReservedLayer(DynamicLayer):
     """transformers' DynamicLayer appending in place into reserved buffers (module docstring)."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+        if not self.is_initialized:  # what DynamicLayer.lazy_initialization sets (its signature varies)
+            self.dtype, self.device = key_states.dtype, key_states.device
+            self.keys, self.values = key_states[:, :, :0], value_states[:, :, :0]
+            self.is_initialized = True
         keys, values = self.keys, self.values
         old = keys.shape[-2] if keys.dim() == 4 else 0
         new = old + key_states.shape[-2]
