@@ -5,8 +5,8 @@
 # top-p 0.95 and 1.5 / top-p 0.95, top-k 20; Z_T of dblast-k4 calibrated on the split (K = 1
 # has no Z_T: its runs hold the same split out, so both arms report on the same prompts).
 # Phases (PHASES, default all, in this order; each resumable, rerun to continue):
-#   accept   acceptance statistics, WORKERS processes of one thread each (these statistics do
-#            not depend on timing, so the runs share the cores)
+#   accept   acceptance statistics, WORKERS processes of one thread each, BATCH responses at a
+#            time in each (these statistics do not depend on timing, so the runs share the cores)
 #   oracle   the committed length of a drafter that always drafts the target's most likely
 #            token (`dblast diagnose oracle`), at temperatures 0.7, 1.0, 1.5 on the first
 #            ORACLE_PROMPTS prompts of each dataset: a drafter-free reference for the arms
@@ -28,11 +28,12 @@
 # build_ext --inplace`, PYTHONPATH=<clone>), since rebuilding an editable checkout replaces
 # the compiled library under the running workers and fails the runs they start meanwhile.
 # Environment (defaults): OUT (runs/smollm2-eval), PROMPTS (45), SPEED_PROMPTS (10), ORACLE_PROMPTS (20),
-# WORKERS (2), GRID (Z_T, 0,0.5,1), MAX_NEW_TOKENS (256; fewer for a smoke run), TRUNCATIONS (200),
+# WORKERS (2), BATCH (8), GRID (Z_T, 0,0.5,1), MAX_NEW_TOKENS (256; fewer for a smoke run), TRUNCATIONS (200),
 # VOCABS ("full 8192": the draft vocabularies of the blocks phase).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/smollm2-eval} PROMPTS=${PROMPTS:-45} SPEED_PROMPTS=${SPEED_PROMPTS:-10} WORKERS=${WORKERS:-2}
+BATCH=${BATCH:-8}
 ORACLE_PROMPTS=${ORACLE_PROMPTS:-20} GRID=${GRID:-0,0.5,1} MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
 VOCABS=${VOCABS:-full 8192}
 PHASES=${PHASES:-accept oracle speed blocks determinism collect}
@@ -64,7 +65,7 @@ one_run() {  # one_run ARM T: the acceptance run of one arm at one temperature
   finished "$arm T=$t" "$OUT/accept/$arm-T$t/summary.json" && return
   logged "$arm T=$t" "$OUT/accept-$arm-T$t.log" dblast eval --drafter "$arm" --datasets "$DATASETS" \
     --num-prompts "$PROMPTS" $(sampling "$t") --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature calibrate \
-    --grid "$GRID" --no-progress --out "$OUT/accept/$arm-T$t"
+    --grid "$GRID" --batch-size "$BATCH" --no-progress --out "$OUT/accept/$arm-T$t"
 }
 one_oracle() {  # one_oracle T: the top-token oracle at one temperature (no timings, so runs share the cores)
   local t=$1
@@ -74,7 +75,7 @@ one_oracle() {  # one_oracle T: the top-token oracle at one temperature (no timi
     --out "$OUT/oracle/T$t"
 }
 export -f finished logged one_run one_oracle sampling
-export OUT PROMPTS ORACLE_PROMPTS DATASETS GRID MAX_NEW_TOKENS
+export OUT PROMPTS ORACLE_PROMPTS DATASETS GRID MAX_NEW_TOKENS BATCH
 
 for phase in $PHASES; do
   echo "== $phase ($(date -u +%T))"
