@@ -381,9 +381,10 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
             if parallel.world > 1:  # every rank stops at the same step
                 plateau.stale = int(_broadcast(plateau.stale, device))
             if plateau.reached:
-                print(f"training: held-out loss has not improved for {plateau.stale} checkpoints (patience "
-                      f"{config.patience}); stopping at step {step + 1}, final = step {plateau.best_step}",
-                      file=sys.stderr) if parallel.rank == 0 else None
+                if parallel.rank == 0:
+                    print(f"training: held-out loss has not improved for {plateau.stale} checkpoints (patience "
+                          f"{config.patience}); stopping at step {step + 1}, final = step {plateau.best_step}",
+                          file=sys.stderr)
                 break
         if stop_at_step is not None and step + 1 == stop_at_step:
             break
