@@ -1,5 +1,7 @@
 """JSON-lines files written a batch at a time by resumable runs (evaluation records,
-training data): appends that survive a kill, and reads that name a line cut short."""
+training data): appends that survive a kill, and reads that name a line cut short. A path
+ending in .gz is read through gzip (kept training-data shards are stored compressed)."""
+import gzip
 import json
 import os
 from typing import Iterator, Sequence, Tuple
@@ -20,7 +22,8 @@ def read_jsonl(path: str, what: str, *, live: bool = False) -> Iterator[Tuple[st
     appending, so a last line without its newline is one being written and is skipped."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no {what} file at {path}")
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for line_number, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -2,8 +2,13 @@
 
 
 class _NoBar:
+    """Shows nothing; counts like tqdm (`n`) for callers that read how far a bar got."""
+
+    def __init__(self):
+        self.n = 0
+
     def update(self, n=1):
-        pass
+        self.n += n
 
     def set_postfix(self, **kwargs):
         pass

@@ -3,6 +3,7 @@ bfloat16), the target's top-32 next-token log-probabilities and log-sum-exp as a
 log_softmax gives them, and the response tokens' feature statistics; a run that reads it
 follows the online run (with distillation too), it is rebuilt when its data file changes or
 was written in an earlier format, and the bf16 autocast option trains on the CPU."""
+import gzip
 import json
 import os
 import random
@@ -21,7 +22,7 @@ from dblast_ext.eval.datasets import load_prompts  # noqa: E402
 from dblast_ext.target_loading import load_target  # noqa: E402
 from dblast_ext.training.config import TrainConfig, validate  # noqa: E402
 from dblast_ext.training.data import generate_training_data, read_training_data  # noqa: E402
-from dblast_ext.training.feature_cache import FeatureCache, response_feature_stats  # noqa: E402
+from dblast_ext.training.feature_cache import FeatureCache, FeatureCacheSet, response_feature_stats  # noqa: E402
 from dblast_ext.training.objective import collate, target_features  # noqa: E402
 from dblast_ext.training.trainer import train  # noqa: E402
 from tiny_models import write_tiny_target_dir  # noqa: E402
@@ -173,6 +174,89 @@ def test_new_target_weights_in_the_same_directory_rebuild_the_cache(world, tmp_p
     assert not torch.allclose(rebuilt.record(0), first.record(0))
 
 
+def split_shards(world, folder):
+    """The world's data cut into two shards, the second gzipped: [(path, records)] in order."""
+    _, _, data = world
+    lines = open(data).readlines()
+    first, second = folder / "part-000.jsonl", folder / "part-001.jsonl.gz"
+    first.write_text("".join(lines[:12]))
+    with gzip.open(second, "wt") as f:
+        f.writelines(lines[12:])
+    return [(str(p), read_training_data(str(p))) for p in (first, second)]
+
+
+def test_a_gzipped_data_file_reads_as_the_plain_one(world, tmp_path):
+    _, _, data = world
+    shards = split_shards(world, tmp_path)
+    assert shards[0][1] + shards[1][1] == read_training_data(data)
+
+
+def test_a_set_of_shard_caches_reads_like_the_cache_of_their_concatenation(world, tmp_path):
+    model, target, records, whole = fresh_cache(world, tmp_path / "whole")
+    _, target_dir, _ = world
+    shards = split_shards(world, tmp_path)
+    caches = FeatureCacheSet.open_or_build(str(tmp_path / "shards"), shards, target_dir, target, progress=False)
+    assert len(caches) == len(whole) == len(records) and caches.top_k == whole.top_k
+    assert len(list((tmp_path / "shards").glob("*.safetensors"))) == 2   # one cache per shard
+    indices = [13, 0, 11, 12, 19]   # both sides of the seam between the shards
+    length = max(len(records[i]["input_ids"]) for i in indices) + 1
+    # bf16 features: another batch composition moves float32 values by ~1e-7, which can round either way
+    torch.testing.assert_close(caches.batch(indices, length, "cpu"), whole.batch(indices, length, "cpu"),
+                               rtol=8e-3, atol=1e-5)
+    set_ids, set_logprobs = caches.batch_topk(indices, length, "cpu")
+    whole_ids, whole_logprobs = whole.batch_topk(indices, length, "cpu")
+    torch.testing.assert_close(set_logprobs, whole_logprobs, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(caches.batch_logsumexp(indices, length, "cpu"),
+                               whole.batch_logsumexp(indices, length, "cpu"), rtol=1e-5, atol=1e-5)
+    assert (set_ids == whole_ids).float().mean() > 0.99   # near-ties among the top 32 may swap
+    set_sum, set_count = caches.response_feature_stats()
+    whole_sum, whole_count = whole.response_feature_stats()
+    assert set_count == whole_count
+    torch.testing.assert_close(set_sum, whole_sum, rtol=1e-3, atol=0)
+    with pytest.raises(IndexError):
+        caches.record(len(records))
+
+
+def test_a_new_shard_leaves_the_other_shards_caches_as_they_are(world, tmp_path):
+    model, _ = load_target(world[1], device="cpu")
+    target = TargetAdapter(model, [1])
+    shards = split_shards(world, tmp_path)
+    first = FeatureCacheSet.open_or_build(str(tmp_path / "cache"), shards[:1], world[1], target, progress=False)
+    stamp = os.stat(first.parts[0].path).st_mtime_ns
+    both = FeatureCacheSet.open_or_build(str(tmp_path / "cache"), shards, world[1], target, progress=False)
+    assert both.parts[0].path == first.parts[0].path and os.stat(both.parts[0].path).st_mtime_ns == stamp
+    assert len(both) == 20 and len(both.parts[1]) == 8
+
+
+def test_training_on_shards_follows_training_on_their_concatenation(world, tmp_path):
+    root = world[0]
+    shards = [path for path, _ in split_shards(world, tmp_path)]
+    whole = train(_config(world, "whole-file", feature_cache=str(tmp_path / "cache"), objective="nll",
+                          distill_weight=0.5, max_steps=4, save_every=4), progress=False)
+    sharded = train(_config(world, "sharded", data=shards, eval_data=shards, feature_cache=str(tmp_path / "cache"),
+                            objective="nll", distill_weight=0.5, max_steps=4, save_every=4), progress=False)
+    for a, b in zip(whole["history"], sharded["history"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-3, abs=1e-4)
+    held = [json.loads(x) for x in open(root / "sharded" / "eval_log.jsonl")]
+    assert held and held[-1]["loss"] == pytest.approx(
+        json.loads(open(root / "whole-file" / "eval_log.jsonl").readlines()[-1])["loss"], rel=1e-3)
+
+
+@pytest.mark.parametrize("data, message", [([], "non-empty list"), (["x.jsonl", 3], "non-empty list"),
+                                           ("", "non-empty list"), (None, "non-empty list")])
+def test_a_bad_data_list_is_refused_naming_the_field(world, data, message):
+    with pytest.raises(ValueError, match=f"training config: data must be .*{message}"):
+        _config(world, "bad-data", data=data)
+
+
+def test_a_data_list_with_a_missing_or_repeated_file_is_refused(world, tmp_path):
+    _, _, path = world
+    with pytest.raises(FileNotFoundError, match="eval_data file .*missing.jsonl.gz"):
+        _config(world, "bad-data", eval_data=[path, str(tmp_path / "missing.jsonl.gz")])
+    with pytest.raises(ValueError, match="lists .* more than once"):
+        _config(world, "bad-data", data=[path, path])
+
+
 def _config(world, out, **overrides):
     root, target_dir, data = world
     fields = dict(target=target_dir, data=data, eval_data=data, out=str(root / out), init_from=None,
@@ -216,6 +300,27 @@ def test_bf16_autocast_trains_on_cpu_close_to_float32(world):
     first_full, first_half = full["history"][0]["loss"], half["history"][0]["loss"]
     assert first_half != first_full                          # the matmuls did run in bf16
     assert first_half == pytest.approx(first_full, rel=0.05)  # ...and the loss is the same to bf16 precision
+
+
+def test_auto_autocast_is_bf16_on_cuda_and_on_cpus_with_bf16_matmuls_only(world, monkeypatch, capsys):
+    import dblast_ext.fastest_settings as fastest
+    from dblast_ext.training import trainer
+
+    def dtype(native, device="cpu", **fields):
+        monkeypatch.setattr(fastest, "cpu_has_native_bf16", lambda: native)
+        return trainer.autocast_dtype(_config(world, "auto", **fields), device)
+
+    assert dtype(False) is None
+    assert dtype(True) == torch.bfloat16
+    assert dtype(True, dtype="float32") is None       # a float32 run stays float32
+    assert dtype(False, device="cuda") == torch.bfloat16
+    assert dtype(False, autocast="off", device="cuda") is None
+    trainer._warn_emulated_bf16.cache_clear()
+    capsys.readouterr()
+    assert dtype(True, autocast="bfloat16") == torch.bfloat16
+    assert capsys.readouterr().err == ""                       # native: no warning
+    assert dtype(False, autocast="bfloat16") == torch.bfloat16  # asked for: done, with a warning
+    assert "emulates" in capsys.readouterr().err
 
 
 def test_bad_autocast_is_refused(world):

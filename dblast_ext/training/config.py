@@ -2,8 +2,9 @@
 
     {
       "target": "path/to/target",            # local transformers causal LM
-      "data": "train.jsonl",                 # `dblast data generate` output
-      "eval_data": "heldout.jsonl",          # optional: loss and acceptance proxy at each checkpoint
+      "data": "train.jsonl",                 # `dblast data generate` output (.jsonl or .jsonl.gz), or a
+                                             # list of such files (shards, read in order as one set)
+      "eval_data": "heldout.jsonl",          # optional (a file or a list): held-out loss at each checkpoint
       "out": "runs/dblast-k4",
       "init_from": "path/to/dflash",         # DFlash/DBLast checkpoint or an embedded drafter's name
                                              # (dblast-k4, dflash-k1); null = from scratch ("drafter")
@@ -29,7 +30,7 @@
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Union
 
 from .losses import AL_VARIANTS
 
@@ -37,10 +38,10 @@ from .losses import AL_VARIANTS
 @dataclass
 class TrainConfig:
     target: str
-    data: str
+    data: Union[str, List[str]]
     out: str
     init_from: Optional[str] = None
-    eval_data: Optional[str] = None
+    eval_data: Union[str, List[str], None] = None
     drafter: dict = field(default_factory=dict)
     num_branches: Optional[int] = None
     block_size: Optional[int] = None
@@ -102,6 +103,31 @@ def _check_decay(decay) -> None:
                          f"gamma = -1/ln(r)")
 
 
+def data_paths(value: Union[str, List[str], None]) -> List[str]:
+    """The files of a `data` / `eval_data` field: one path, or a list of them (none for None)."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _check_data_field(key: str, value) -> None:
+    """A path or a non-empty list of distinct paths, each an existing file."""
+    if isinstance(value, list):
+        if not value or not all(isinstance(p, str) and p for p in value):
+            raise ValueError(f"training config: {key} must be a file path or a non-empty list of file paths, "
+                             f"got {value!r}")
+        repeated = sorted({p for p in value if value.count(p) > 1})
+        if repeated:
+            raise ValueError(f"training config: {key} lists {repeated[0]!r} more than once")
+    elif not isinstance(value, str) or not value:
+        raise ValueError(f"training config: {key} must be a file path or a non-empty list of file paths, "
+                         f"got {value!r}")
+    for path in data_paths(value):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"training config: {key} file {path!r} does not exist "
+                                    "(make it with `dblast data generate`)")
+
+
 def validate(c: TrainConfig, flags: Optional[Dict[str, str]] = None) -> TrainConfig:
     """Checks every field; `flags` maps the fields a command-line flag set to that flag, which
     their errors name instead of the config field."""
@@ -147,11 +173,9 @@ def validate(c: TrainConfig, flags: Optional[Dict[str, str]] = None) -> TrainCon
     from ..target_loading import check_target_path
 
     check_target_path(c.target, name("target"))
-    for key in ("data", "eval_data"):
-        path = getattr(c, key)
-        if path is not None and not os.path.isfile(path):
-            raise FileNotFoundError(f"training config: {key} file {path!r} does not exist "
-                                    "(make it with `dblast data generate`)")
+    _check_data_field("data", c.data)
+    if c.eval_data is not None:
+        _check_data_field("eval_data", c.eval_data)
     if c.init_from is None:
         missing = [k for k in ("mask_token_id",) if k not in c.drafter]
         if missing:

@@ -23,11 +23,14 @@ and `offsets` [records + 1] delimiting them:
     response_sq_sum  [L*H]          float64    sum of squared features over response tokens
     response_count   [1]            int64      the number of response tokens
 
-Its metadata names the format, the data file's content hash, the target, the layers, the
+A list of data files (shards) gets a cache per file, read as one set (`FeatureCacheSet`): it is
+built a shard at a time, in one shard's memory, and a shard added later leaves the others'
+caches as they are. Its metadata names the format, the data file's content hash, the target, the layers, the
 dtypes and k; a cache that does not match (one of an earlier format included) is rebuilt,
 never read. Two trainers that start together do not both build it: a file lock makes the
 second wait.
 """
+import bisect
 import fcntl
 import hashlib
 import os
@@ -41,12 +44,13 @@ from safetensors.torch import save_file
 from ..target import last_position_logits_arguments
 from ..progress import progress_bar
 
-__all__ = ["FeatureCache", "TargetPass", "cache_key", "target_pass", "response_feature_stats", "rms_feature_scale",
+__all__ = ["FeatureCache", "FeatureCacheSet", "open_feature_caches", "TargetPass", "cache_key", "target_pass", "response_feature_stats", "rms_feature_scale",
            "FEATURE_DTYPE", "TOP_K"]
 
 FORMAT = "2"                   # 1: features in the target's dtype, nothing else
 FEATURE_DTYPE = torch.bfloat16
 TOP_K = 32
+TENSORS = ("features", "topk_ids", "topk_logprobs", "logsumexp")   # per token, rows delimited by offsets
 LOGIT_ROWS = 256               # target logits rows at a time: [256, V] float32 is 50 MB for V = 49,152
 
 
@@ -192,49 +196,20 @@ def rms_feature_scale(sq_sum: torch.Tensor, count: int) -> torch.Tensor:
 # the cache
 
 
-class FeatureCache:
-    """The target's outputs on every record of one data file: `batch(indices, length)` and
-    `batch_topk(indices, length)` give them padded like `objective.collate` pads the tokens."""
+class _PaddedBatches:
+    """Batches padded like `objective.collate` pads the tokens, from `_rows(name, index)`: one
+    record's rows of "features", "topk_ids", "topk_logprobs" or "logsumexp"."""
 
-    def __init__(self, path: str):
-        self.path = path
-        self._file = safe_open(path, framework="pt")
-        self.offsets = self._file.get_tensor("offsets").tolist()
-        self._features = self._file.get_slice("features")
-        self._topk_ids = self._file.get_slice("topk_ids")
-        self._topk_logprobs = self._file.get_slice("topk_logprobs")
-        self._logsumexp = self._file.get_slice("logsumexp")
-
-    @classmethod
-    def open_or_build(cls, directory: str, records: List[dict], data_path: str, target_name: str, target,
-                      *, batch_size: int = 8, progress: bool = True) -> "FeatureCache":
-        """The cache of `records` (read from `data_path`) under `directory`, built first if
-        it is missing or was made from anything else. `target` is the TargetAdapter."""
-        dtype = next(target.model.parameters()).dtype
-        key = cache_key(data_path, target_name, target.layer_ids, dtype, min(TOP_K, target.vocab_size))
-        name = f"{os.path.splitext(os.path.basename(data_path))[0]}-{key['data_sha256'][:12]}-" \
-               f"L{key['layer_ids'].replace(',', '_')}.safetensors"
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, name)
-        with open(path + ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)   # a second trainer waits here while the first builds
-            if not _matches(path, key, len(records)):
-                _build(path, records, target, key, batch_size, progress)
-        return cls(path)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def top_k(self) -> int:
-        return self._topk_ids.get_shape()[1]
+    def _rows(self, name: str, index: int) -> torch.Tensor:
+        raise NotImplementedError
 
     def record(self, index: int) -> torch.Tensor:
-        return self._features[self.offsets[index]:self.offsets[index + 1]]
+        """The features [tokens, L*H] of one record."""
+        return self._rows("features", index)
 
-    def _padded(self, source, indices: Sequence[int], length: int, dtype=None) -> torch.Tensor:
-        """Rows of `source` for each record, zero after each record's end (positions no loss reads)."""
-        rows = [source[self.offsets[i]:self.offsets[i + 1]] for i in indices]
+    def _padded(self, name: str, indices: Sequence[int], length: int, dtype=None) -> torch.Tensor:
+        """Rows of `name` for each record, zero after each record's end (positions no loss reads)."""
+        rows = [self._rows(name, i) for i in indices]
         out = torch.zeros(len(rows), length, *rows[0].shape[1:], dtype=dtype or rows[0].dtype)
         for n, row in enumerate(rows):
             out[n, : row.shape[0]] = row
@@ -242,21 +217,126 @@ class FeatureCache:
 
     def batch(self, indices: Sequence[int], length: int, device) -> torch.Tensor:
         """Features [N, length, L*H] (bfloat16), zero after each record's end."""
-        return self._padded(self._features, indices, length).to(device)
+        return self._padded("features", indices, length).to(device)
 
     def batch_topk(self, indices: Sequence[int], length: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
         """The target's top-k next tokens at every position: ids [N, length, k] int64 and
         log-probabilities [N, length, k] float32, zero after each record's end."""
-        return (self._padded(self._topk_ids, indices, length, torch.long).to(device),
-                self._padded(self._topk_logprobs, indices, length).to(device))
+        return (self._padded("topk_ids", indices, length, torch.long).to(device),
+                self._padded("topk_logprobs", indices, length).to(device))
 
     def batch_logsumexp(self, indices: Sequence[int], length: int, device) -> torch.Tensor:
         """The target logits' log-sum-exp [N, length] float32, zero after each record's end."""
-        return self._padded(self._logsumexp, indices, length).to(device)
+        return self._padded("logsumexp", indices, length).to(device)
+
+
+class FeatureCache(_PaddedBatches):
+    """The target's outputs on every record of one data file: `batch(indices, length)` and
+    `batch_topk(indices, length)` give them padded like `objective.collate` pads the tokens."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._file = safe_open(path, framework="pt")
+        self.offsets = self._file.get_tensor("offsets").tolist()
+        self._slices = {name: self._file.get_slice(name) for name in TENSORS}
+
+    @classmethod
+    def open_or_build(cls, directory: str, records: List[dict], data_path: str, target_name: str, target,
+                      *, batch_size: int = 8, progress: bool = True, bar=None) -> "FeatureCache":
+        """The cache of `records` (read from `data_path`) under `directory`, built first if
+        it is missing or was made from anything else. `target` is the TargetAdapter; `bar`,
+        a progress bar to advance by the records built instead of one of its own."""
+        dtype = next(target.model.parameters()).dtype
+        key = cache_key(data_path, target_name, target.layer_ids, dtype, min(TOP_K, target.vocab_size))
+        stem = os.path.basename(data_path)
+        for suffix in (".gz", ".jsonl"):
+            stem = stem[: -len(suffix)] if stem.endswith(suffix) else stem
+        name = f"{stem}-{key['data_sha256'][:12]}-L{key['layer_ids'].replace(',', '_')}.safetensors"
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, name)
+        with open(path + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)   # a second trainer waits here while the first builds
+            if not _matches(path, key, len(records)):
+                _build(path, records, target, key, batch_size, progress, bar)
+        return cls(path)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def top_k(self) -> int:
+        return self._slices["topk_ids"].get_shape()[1]
+
+    def _rows(self, name: str, index: int) -> torch.Tensor:
+        return self._slices[name][self.offsets[index]:self.offsets[index + 1]]
 
     def response_feature_stats(self) -> Tuple[torch.Tensor, int]:
         """(sum of squared features [L*H] float64, token count) over the response tokens."""
         return self._file.get_tensor("response_sq_sum"), int(self._file.get_tensor("response_count")[0])
+
+
+class FeatureCacheSet(_PaddedBatches):
+    """The caches of several data files read as one set of records, in order (record i of the
+    set is record i - start of the file it falls in): a cache per file, so a set of shards is
+    built a shard at a time, in a shard's memory, and a new shard leaves the others' caches be."""
+
+    def __init__(self, parts: Sequence[FeatureCache]):
+        if not parts:
+            raise ValueError("a feature cache set needs at least one cache")
+        if len({p.top_k for p in parts}) != 1:
+            raise ValueError(f"the caches of one set keep different top-k counts: {[p.top_k for p in parts]}")
+        self.parts = list(parts)
+        self.starts = [0]
+        for p in self.parts:
+            self.starts.append(self.starts[-1] + len(p))
+
+    @classmethod
+    def open_or_build(cls, directory: str, files: Sequence[Tuple[str, List[dict]]], target_name: str, target,
+                      *, batch_size: int = 8, progress: bool = True) -> "FeatureCacheSet":
+        """The cache of each (data path, its records) under `directory`, built where missing,
+        with one progress bar over all the records built."""
+        bar = progress_bar(sum(len(records) for _, records in files), desc="target features", unit="record",
+                           enabled=progress)
+        try:
+            parts = []
+            for path, records in files:
+                before = bar.n
+                parts.append(FeatureCache.open_or_build(directory, records, path, target_name, target,
+                                                        batch_size=batch_size, progress=False, bar=bar))
+                if bar.n == before:   # already built: counted as done
+                    bar.update(len(records))
+        finally:
+            bar.close()
+        return cls(parts)
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    @property
+    def top_k(self) -> int:
+        return self.parts[0].top_k
+
+    def _rows(self, name: str, index: int) -> torch.Tensor:
+        if not 0 <= index < len(self):
+            raise IndexError(f"record {index} of a set of {len(self)}")
+        part = bisect.bisect_right(self.starts, index) - 1
+        return self.parts[part]._rows(name, index - self.starts[part])
+
+    def response_feature_stats(self) -> Tuple[torch.Tensor, int]:
+        """(sum of squared features [L*H] float64, token count) over every file's response tokens."""
+        stats = [p.response_feature_stats() for p in self.parts]
+        return sum(s for s, _ in stats), sum(c for _, c in stats)
+
+
+def open_feature_caches(directory: str, files: Sequence[Tuple[str, List[dict]]], target_name: str, target, *,
+                        batch_size: int = 8, progress: bool = True):
+    """The cache of one data file (a FeatureCache), or of several read as one set (a FeatureCacheSet)."""
+    if len(files) == 1:
+        path, records = files[0]
+        return FeatureCache.open_or_build(directory, records, path, target_name, target, batch_size=batch_size,
+                                          progress=progress)
+    return FeatureCacheSet.open_or_build(directory, files, target_name, target, batch_size=batch_size,
+                                         progress=progress)
 
 
 def _matches(path: str, key: dict, count: int) -> bool:
@@ -268,26 +348,34 @@ def _matches(path: str, key: dict, count: int) -> bool:
 
 
 @torch.no_grad()
-def _build(path: str, records: List[dict], target, key: dict, batch_size: int, progress: bool) -> None:
+def _build(path: str, records: List[dict], target, key: dict, batch_size: int, progress: bool, bar=None) -> None:
+    """Writes the cache of `records`: the tensors are allocated at their final size (the record
+    lengths are known up front) and filled batch by batch, so the build holds one copy of them."""
     top_k = int(key["top_k"])
-    pieces = {name: [None] * len(records) for name in ("features", "topk_ids", "topk_logprobs", "logsumexp")}
-    sq_sum, count = torch.zeros(len(target.layer_ids) * target.model.config.hidden_size, dtype=torch.float64), 0
-    bar = progress_bar(len(records), desc="target features", unit="record", enabled=progress)
+    lengths = torch.tensor([0] + [len(r["input_ids"]) for r in records])
+    offsets = torch.cumsum(lengths, 0)
+    tokens, width = int(offsets[-1]), len(target.layer_ids) * target.model.config.hidden_size
+    tensors = {"features": torch.empty(tokens, width, dtype=FEATURE_DTYPE),
+               "topk_ids": torch.empty(tokens, top_k, dtype=torch.int32),
+               "topk_logprobs": torch.empty(tokens, top_k, dtype=torch.float32),
+               "logsumexp": torch.empty(tokens, dtype=torch.float32)}
+    sq_sum, count = torch.zeros(width, dtype=torch.float64), 0
+    own_bar = bar is None
+    if own_bar:
+        bar = progress_bar(len(records), desc="target features", unit="record", enabled=progress)
     for chunk, ids, mask, loss_mask in _padded_batches(records, batch_size, target.device):
         out = target_pass(target, ids, mask, top_k=top_k)
         count = _add_response_stats(sq_sum, count, out.features, loss_mask)
         for n, i in enumerate(chunk):
-            length = len(records[i]["input_ids"])
-            pieces["features"][i] = out.features[n, :length].to("cpu", copy=True)
-            pieces["topk_ids"][i] = out.topk_ids[n, :length].to("cpu", torch.int32, copy=True)
-            pieces["topk_logprobs"][i] = out.topk_logprobs[n, :length].to("cpu", copy=True)
-            pieces["logsumexp"][i] = out.logsumexp[n, :length].to("cpu", copy=True)
+            start, end = int(offsets[i]), int(offsets[i + 1])
+            tensors["features"][start:end] = out.features[n, : end - start]
+            tensors["topk_ids"][start:end] = out.topk_ids[n, : end - start]
+            tensors["topk_logprobs"][start:end] = out.topk_logprobs[n, : end - start]
+            tensors["logsumexp"][start:end] = out.logsumexp[n, : end - start]
         bar.update(len(chunk))
-    bar.close()
-    lengths = torch.tensor([0] + [p.shape[0] for p in pieces["features"]])
-    tensors = {name: torch.cat(rows) for name, rows in pieces.items()}
-    tensors.update(offsets=torch.cumsum(lengths, 0), response_sq_sum=sq_sum,
-                   response_count=torch.tensor([count], dtype=torch.int64))
+    if own_bar:
+        bar.close()
+    tensors.update(offsets=offsets, response_sq_sum=sq_sum, response_count=torch.tensor([count], dtype=torch.int64))
     partial = path + ".partial"
     save_file(tensors, partial, metadata=key)
     os.replace(partial, path)   # readers never see a half-written cache

@@ -11,6 +11,7 @@ share of each step's batch and gradients are averaged across processes before th
 """
 import functools
 import glob
+import hashlib
 import json
 import math
 import os
@@ -29,9 +30,9 @@ from ..drafter import DBlastDrafter, DrafterConfig
 from ..drafter_io import check_against_target, load_drafter, save_pretrained, set_feature_scale
 from ..progress import progress_bar
 from ..target_loading import default_device, load_target
-from .config import LEGACY_VALUES, TrainConfig
+from .config import LEGACY_VALUES, TrainConfig, data_paths
 from .data import read_training_data
-from .feature_cache import FeatureCache, file_digest, response_feature_stats, rms_feature_scale
+from .feature_cache import FeatureCache, file_digest, open_feature_caches, response_feature_stats, rms_feature_scale
 from .losses import decay_weights, flat_step_weights
 from .objective import batch_loss, collate
 
@@ -108,6 +109,13 @@ def position_weights(config: TrainConfig, num_draft: int, trained_block: Optiona
     if config.decay:
         weights = weights * decay_weights(num_draft, config.decay)
     return None if torch.all(weights == 1) else weights
+
+
+def data_digest(paths: List[str]) -> str:
+    """sha256 of the training data: the file's bytes for one file; for a list, of its files'
+    digests in order (so a run resumes only on the same shards in the same order)."""
+    digests = [file_digest(p) for p in paths]
+    return digests[0] if len(digests) == 1 else hashlib.sha256("\n".join(digests).encode()).hexdigest()
 
 
 def feature_scale(config: TrainConfig, records: List[dict], target: TargetAdapter, cache: Optional[FeatureCache],
@@ -190,16 +198,38 @@ class _Distributed:
             dist.barrier()
 
 
+@functools.lru_cache(maxsize=1)
+def _warn_emulated_bf16() -> None:   # once per process, not at every held-out evaluation
+    print("training: autocast bfloat16 on a CPU without bf16 matmul instructions emulates them (a step took "
+          "26x as long as in float32 on an AVX2 CPU); \"autocast\": \"auto\" picks float32 here", file=sys.stderr)
+
+
+def autocast_dtype(config: TrainConfig, device: str) -> Optional[torch.dtype]:
+    """bfloat16 when the drafter's matmuls autocast, None when they run in float32: `auto` is
+    bfloat16 on CUDA unless the run asks for float32, and on a CPU with bf16 matmul
+    instructions (AVX-512 BF16 or AMX), where it about halves a step. A CPU without them
+    emulates bf16 matmuls (measured on a 2-core AVX2 machine: a step took 26x as long as in
+    float32), so `auto` is float32 there and an explicit `bfloat16` is warned about."""
+    from ..fastest_settings import cpu_has_native_bf16
+
+    on_cuda = device.startswith("cuda")
+    if config.autocast == "off":
+        return None
+    if config.autocast == "auto":
+        native = on_cuda or cpu_has_native_bf16()
+        return torch.bfloat16 if native and config.dtype != "float32" else None
+    if not on_cuda and not cpu_has_native_bf16():
+        _warn_emulated_bf16()
+    return torch.bfloat16
+
+
 def training_autocast(config: TrainConfig, device: str):
-    """bf16 autocast for the drafter's matmuls (the [rows, K, V] label logits above all):
-    `auto` turns it on for CUDA unless the run asks for float32; on a CPU with bf16 matmul
-    instructions `bfloat16` about halves a step. Master weights stay float32."""
-    mode = config.autocast
-    if mode == "auto":
-        mode = "bfloat16" if device.startswith("cuda") and config.dtype != "float32" else "off"
-    if mode == "off":
+    """The autocast context of the drafter's matmuls (the [rows, K, V] label logits above all);
+    master weights stay float32."""
+    dtype = autocast_dtype(config, device)
+    if dtype is None:
         return torch.autocast("cpu", enabled=False)
-    return torch.autocast(device.split(":")[0], dtype=torch.bfloat16)
+    return torch.autocast(device.split(":")[0], dtype=dtype)
 
 
 @functools.lru_cache(maxsize=4)
@@ -294,15 +324,16 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
     drafter, trained_block = build_drafter(config, target_model)
     drafter = drafter.to(device).float().train()
     target = TargetAdapter(target_model, drafter.config.target_layer_ids)
-    records = read_training_data(config.data)
-    eval_records = read_training_data(config.eval_data) if config.eval_data else None
+    train_files = [(path, read_training_data(path)) for path in data_paths(config.data)]
+    eval_files = [(path, read_training_data(path)) for path in data_paths(config.eval_data)]
+    records = [r for _, file_records in train_files for r in file_records]
+    eval_records = [r for _, file_records in eval_files for r in file_records] or None
     cache = eval_cache = None
     if config.feature_cache:
         build = dict(progress=progress and parallel.rank == 0)
-        cache = FeatureCache.open_or_build(config.feature_cache, records, config.data, config.target, target, **build)
+        cache = open_feature_caches(config.feature_cache, train_files, config.target, target, **build)
         if eval_records:
-            eval_cache = FeatureCache.open_or_build(config.feature_cache, eval_records, config.eval_data,
-                                                    config.target, target, **build)
+            eval_cache = open_feature_caches(config.feature_cache, eval_files, config.target, target, **build)
     weights = position_weights(config, drafter.config.block_size - 1, trained_block)
     if (trained_block is not None and drafter.config.block_size > trained_block and config.new_position_weight == 1.0
             and parallel.rank == 0):
@@ -315,7 +346,7 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
     total = config.max_steps or config.epochs * math.ceil(len(records) / per_step)
     warmup = int(config.warmup_ratio * total)
     # the data order and anchors follow from the records and the world size as well as the config
-    identity = {"data_sha256": file_digest(config.data), "world_size": parallel.world}
+    identity = {"data_sha256": data_digest(data_paths(config.data)), "world_size": parallel.world}
     resume_from = latest_checkpoint(config.out)
     state = resume_state(resume_from, config, identity, device) if resume_from else None
     # the scale goes in before the optimizer sees fc; a resumed run reads it back, not recomputed

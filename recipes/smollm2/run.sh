@@ -88,8 +88,6 @@ for arm in dflash-k1 dblast-k4; do
 done
 if [[ $PACKAGE == 1 ]]; then
   echo "== package ($(date -u +%T))"
-  for arm in dflash-k1 dblast-k4; do
-    python recipes/smollm2/package.py --checkpoint "$WORK/$arm/final" --name "$arm"
-  done
+  python recipes/smollm2/package.py --run-dir "$WORK"
 fi
 echo "== done ($(date -u +%T))"
