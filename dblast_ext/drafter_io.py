@@ -5,6 +5,7 @@ code from the checkpoint.
 Training may scale the target features channel by channel before `fc`
 (`set_feature_scale`); saving folds the scale into `fc.weight`, so a checkpoint never holds
 it and stays a plain DFlash one."""
+import dataclasses
 import hashlib
 import json
 import os
@@ -13,6 +14,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .drafter import DBlastDrafter, DrafterConfig
@@ -169,14 +171,21 @@ def checkpoint_files(path: str):
 
 
 def checkpoint_digest(path: str) -> str:
-    """A short fingerprint (sha256 of config.json and model.safetensors) of a drafter checkpoint:
-    evaluation runs record it, so records of a retrained drafter under the same name never mix
-    with the old one's."""
-    digest = hashlib.sha256()
-    for name in checkpoint_files(path):
-        with open(name, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
+    """A short fingerprint of what a drafter checkpoint computes: sha256 of its config as the
+    loader reads it (DrafterConfig's fields) and of every tensor (name, dtype, shape, bytes).
+    Evaluation runs record it, so records of a retrained drafter under the same name never mix
+    with the old one's; fields of config.json the loader does not read (those added for vLLM,
+    say) and the file layout leave it unchanged."""
+    config_path, weights_path = checkpoint_files(path)
+    with open(config_path) as f:
+        config = config_from_json(json.load(f))
+    read = {k: v for k, v in dataclasses.asdict(config).items() if k != "extra"}   # extra: kept, never read
+    digest = hashlib.sha256(json.dumps(read, sort_keys=True).encode())
+    with safe_open(weights_path, framework="pt") as f:
+        for name in sorted(f.keys()):
+            tensor = f.get_tensor(name).contiguous()
+            digest.update(f"\n{name}:{str(tensor.dtype)}:{tuple(tensor.shape)}\n".encode())
+            digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
 
 

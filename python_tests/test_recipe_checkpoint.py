@@ -86,3 +86,65 @@ def test_save_commits_only_the_records_folder(tmp_path):
     assert committed == ["results/records/oracle/T1.0/records.jsonl"]
     staged = subprocess.run(git + ["diff", "--cached", "--name-only"], capture_output=True, text=True).stdout.split()
     assert staged == ["other.txt"]
+
+
+# --- records of another drafter -------------------------------------------------------------
+def drafter_dir(path, seed=0):
+    from tiny_models import write_dflash_checkpoint
+
+    return write_dflash_checkpoint(str(path), seed=seed)
+
+
+def test_the_digest_follows_what_the_drafter_computes_not_the_file_bytes(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from dblast_ext.drafter_io import checkpoint_digest
+
+    path = drafter_dir(tmp_path / "d")
+    before = checkpoint_digest(path)
+    config_file = os.path.join(path, "config.json")
+    config = json.load(open(config_file))
+    json.dump(dict(config, architectures=["DFlashDraftModel"], note="for a server"), open(config_file, "w"), indent=4)
+    assert checkpoint_digest(path) == before          # fields the loader does not read
+    json.dump(dict(config, block_size=config["block_size"] * 2), open(config_file, "w"))
+    assert checkpoint_digest(path) != before          # a field that changes what it computes
+    json.dump(config, open(config_file, "w"))
+    assert checkpoint_digest(path) == before
+    weights = os.path.join(path, "model.safetensors")
+    state = load_file(weights)
+    name = sorted(state)[0]
+    state[name] = state[name].clone()
+    state[name].view(-1)[0] += 1e-3
+    save_file(state, weights)
+    assert checkpoint_digest(path) != before          # one weight
+
+
+def run_records(drafter, digest, n=3):
+    settings = {"drafter": drafter, "drafter_digest": digest, "temperature": 1.0}
+    return "".join(json.dumps({"prompt_id": str(i), "accepted": [1], "settings": settings}) + "\n" for i in range(n))
+
+
+def test_restore_leaves_out_what_another_drafter_made(tmp_path):
+    from dblast_ext.drafter_io import checkpoint_digest
+
+    drafter = drafter_dir(tmp_path / "drafter")
+    now, old = checkpoint_digest(drafter), "0123456789abcdef"
+    results = tmp_path / "results"
+    store = results / "records" / "accept"
+    for run, digest in (("mine-T1.0", now), ("old-T1.0", old), ("plain-T1.0", None)):
+        (store / run).mkdir(parents=True)
+        text = run_records(drafter, digest) if digest else lines(3)
+        (store / run / "records.jsonl").write_text(text)
+        (results / run).mkdir()
+        (results / run / "summary.json").write_text(json.dumps({"settings": {"drafter": drafter, "drafter_digest": digest}
+                                                                if digest else {}}))
+    # a finished run whose own file has no digest, but whose kept records show the old drafter
+    (results / "old-T1.0" / "calibration_calibration.json").write_text(json.dumps({"best": 0.5}))
+    out = checkpoint("restore", "--runs", tmp_path / "runs", "--results", results)
+    runs = tmp_path / "runs" / "accept"
+    assert (runs / "mine-T1.0" / "records.jsonl").read_text() == run_records(drafter, now)
+    assert (runs / "mine-T1.0" / "summary.json").exists()
+    assert (runs / "plain-T1.0" / "records.jsonl").read_text() == lines(3)   # no digest: kept as it was
+    assert not (runs / "old-T1.0").exists()
+    assert f"made by {drafter} {old}, which is now {now}" in out
+    assert "not restored accept/old-T1.0/calibration/calibration.json (a finished run)" in out

@@ -11,9 +11,15 @@ paths. `restore` does the reverse where the runs folder holds fewer lines, and a
 the finishing files of runs collect.py already copied into results/smollm2/ (summary.json,
 calibration.json, oracle.json, determinism.json): eval.sh skips a run that has its finishing file, so a run
 finished on an earlier machine is not run again even where its records were not kept.
+`restore` leaves out what another drafter made: a records file, or a finished run whose own
+settings or kept records name a drafter (`dblast-k4`, a path) whose checkpoint digest is no
+longer the recorded one, e.g. after retraining, so the new drafter is evaluated anew rather
+than reported with the old one's numbers.
 """
 import argparse
+import functools
 import glob
+import json
 import os
 import re
 import shutil
@@ -28,14 +34,59 @@ def complete_lines(path):
         return [line for line in f if line.endswith("\n")]
 
 
-def mirror(src_root, dst_root, verb) -> int:
-    """Copies every *.jsonl under src_root whose complete lines outnumber dst_root's copy."""
+@functools.lru_cache(maxsize=None)
+def current_digest(drafter: str):
+    """The checkpoint digest of a drafter (an embedded name or a path) as it is now; None when
+    it cannot be found here (its records are then kept as they are)."""
+    from dblast_ext.drafter_io import checkpoint_digest
+
+    try:
+        return checkpoint_digest(drafter)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def recorded_settings(path):
+    """The settings a run wrote into a finished file (its "settings") or a records file (those
+    of its first complete line); {} when there are none."""
+    try:
+        if path.endswith(".jsonl"):
+            lines = complete_lines(path)
+            value = json.loads(lines[0]) if lines else {}
+        else:
+            with open(path, encoding="utf-8") as f:
+                value = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    settings = value.get("settings") if isinstance(value, dict) else None
+    return settings if isinstance(settings, dict) else {}
+
+
+def another_drafter(path):
+    """Why `path` was made by another drafter than the one now under its name, or None."""
+    settings = recorded_settings(path)
+    drafter, digest = settings.get("drafter"), settings.get("drafter_digest")
+    if not isinstance(drafter, str) or not isinstance(digest, str):
+        return None
+    now = current_digest(drafter)
+    if now is None or now == digest:
+        return None
+    return f"made by {drafter} {digest}, which is now {now}"
+
+
+def mirror(src_root, dst_root, verb, check_drafter=False) -> int:
+    """Copies every *.jsonl under src_root whose complete lines outnumber dst_root's copy;
+    `check_drafter`: not those made by another drafter than the one now under its name."""
     copied = 0
     for src in sorted(glob.glob(os.path.join(src_root, "**", "*.jsonl"), recursive=True)):
         rel = os.path.relpath(src, src_root)
         dst = os.path.join(dst_root, rel)
         lines = complete_lines(src)
         if os.path.exists(dst) and len(complete_lines(dst)) >= len(lines):
+            continue
+        why = another_drafter(src) if check_drafter else None
+        if why:
+            print(f"not restored {rel}: {why}")
             continue
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         tmp = dst + ".tmp"
@@ -58,7 +109,9 @@ FINISHED = [(r"determinism", [("determinism.json", "determinism/determinism.json
                                                    "accept/{arm}-T{t}/calibration/calibration.json")])]
 
 
-def restore_finished(results, runs) -> int:
+def restore_finished(results, runs, store) -> int:
+    """Puts back the finishing files of finished runs, but not those of a run that another
+    drafter made (by the file's own settings or its run's kept records in `store`)."""
     restored = 0
     for name in sorted(os.listdir(results)):
         for pattern, files in FINISHED:
@@ -69,6 +122,14 @@ def restore_finished(results, runs) -> int:
                 src = os.path.join(results, name, src_name)
                 dst = os.path.join(runs, dst_pattern.format(**fields.groupdict()))
                 if os.path.isfile(src) and not os.path.exists(dst):
+                    rel = os.path.relpath(dst, runs)
+                    # the file, the other files collect.py kept of its run, and the run's kept records
+                    evidence = [src, *sorted(glob.glob(os.path.join(results, name, "*.json"))),
+                                *sorted(glob.glob(os.path.join(store, os.path.dirname(rel), "*.jsonl")))]
+                    why = next(filter(None, map(another_drafter, evidence)), None)
+                    if why:
+                        print(f"not restored {rel} (a finished run): {why}")
+                        continue
                     os.makedirs(os.path.dirname(dst), exist_ok=True)
                     shutil.copyfile(src, dst)
                     print(f"restored {os.path.relpath(dst, runs)} (a finished run)")
@@ -105,8 +166,8 @@ def main() -> None:
             commit(store)
     else:
         os.makedirs(args.runs, exist_ok=True)
-        n = restore_finished(args.results, args.runs) if os.path.isdir(args.results) else 0
-        n += mirror(store, args.runs, "restored") if os.path.isdir(store) else 0
+        n = restore_finished(args.results, args.runs, store) if os.path.isdir(args.results) else 0
+        n += mirror(store, args.runs, "restored", check_drafter=True) if os.path.isdir(store) else 0
         print(f"{n} files restored into {args.runs}")
 
 
