@@ -329,3 +329,14 @@ def test_top1_agreement_counts_by_hand():
     # position 0: 5=5, 1=1, 5=5 (the 4th masked) -> 3 of 3; position 1: 6=6, 0!=2, 0=0 -> 2 of 3;
     # position 2: 7!=0, (masked), 7=7 -> 1 of 2
     assert hits.tolist() == [3, 2, 1] and positions.tolist() == [3, 3, 2]
+
+
+def test_the_fused_label_log_softmax_has_the_exact_gradient_with_repeated_ids():
+    from dblast_ext.training.losses import _PickedLogSoftmax
+
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(3, 2, 11, generator=g, dtype=torch.float64) * 2).requires_grad_()
+    ids = torch.randint(0, 11, (3, 2, 5), generator=g)
+    ids[0, 0] = torch.tensor([4, 4, 4, 1, 0])   # the label among the target's top-k: a repeated id
+    torch.testing.assert_close(_PickedLogSoftmax.apply(logits, ids), torch.log_softmax(logits, -1).gather(-1, ids))
+    assert torch.autograd.gradcheck(lambda x: _PickedLogSoftmax.apply(x, ids), (logits,))
