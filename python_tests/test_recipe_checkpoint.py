@@ -138,10 +138,17 @@ def test_restore_leaves_out_what_another_drafter_made(tmp_path):
         (results / run).mkdir()
         (results / run / "summary.json").write_text(json.dumps({"settings": {"drafter": drafter, "drafter_digest": digest}
                                                                 if digest else {}}))
-    # a finished run whose own file has no digest, but whose kept records show the old drafter
+    # calibration: its own file has no digest, the summary collect.py kept beside it has the old one
     (results / "old-T1.0" / "calibration_calibration.json").write_text(json.dumps({"best": 0.5}))
+    # a finished run whose kept files carry no digest, but whose kept records show the old drafter
+    (results / "kept-T1.0").mkdir()
+    (results / "kept-T1.0" / "summary.json").write_text(json.dumps({"settings": {"temperature": 1.0}}))
+    (store / "kept-T1.0").mkdir()
+    (store / "kept-T1.0" / "records.jsonl").write_text(run_records(drafter, old))
     out = checkpoint("restore", "--runs", tmp_path / "runs", "--results", results)
     runs = tmp_path / "runs" / "accept"
+    assert not (runs / "kept-T1.0").exists()
+    assert "not restored accept/kept-T1.0/summary.json (a finished run)" in out
     assert (runs / "mine-T1.0" / "records.jsonl").read_text() == run_records(drafter, now)
     assert (runs / "mine-T1.0" / "summary.json").exists()
     assert (runs / "plain-T1.0" / "records.jsonl").read_text() == lines(3)   # no digest: kept as it was

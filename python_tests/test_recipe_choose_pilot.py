@@ -31,9 +31,9 @@ def choose(tmp_path, **pilots):
 
 
 def test_estimated_tau_is_the_sum_of_running_products():
-    assert estimated_tau([0.5, 0.5, 1.0, 0.0, 1, 1, 1]) == pytest.approx(0.5 + 0.25 + 0.25)
-    assert estimated_tau([1.0] * 15) == 7          # only the 7 positions every block has
-    assert estimated_tau([0.9, None, 1.0]) == pytest.approx(0.9)   # a position without counts stops the walk
+    assert estimated_tau([0.5, 0.5, 1.0, 0.0, 1, 1, 1], 7) == pytest.approx(0.5 + 0.25 + 0.25)
+    assert estimated_tau([1.0] * 15, 7) == 7          # only the positions every pilot has
+    assert estimated_tau([0.9, None, 1.0], 3) == pytest.approx(0.9)   # a position without counts stops the walk
 
 
 def test_the_longest_estimate_wins_at_its_best_checkpoint(tmp_path):
@@ -56,6 +56,14 @@ def test_a_cheaper_pilot_within_the_margin_wins(tmp_path):
     assert (choice["layers"], choice["block"]) == (2, 16)
     result, choice = choose(tmp_path, L3_B8=pilot(tmp_path / "d", better), L2_B16=pilot(tmp_path / "e", [0.45] * 7))
     assert (choice["layers"], choice["block"]) == (3, 8)   # 0.45 is outside the margin
+
+
+def test_pilots_are_compared_on_the_positions_they_all_have(tmp_path):
+    # block 4 has 3 draft positions: block 8's later positions do not count against it
+    result, choice = choose(tmp_path, L2_B4=pilot(tmp_path / "a", [0.6] * 3), L2_B8=pilot(tmp_path / "b", [0.5] * 7))
+    assert result.returncode == 0, result.stderr
+    assert (choice["layers"], choice["block"], choice["positions"]) == (2, 4, 3)
+    assert "positions 1-3" in result.stdout
 
 
 def test_bad_pilot_names_and_missing_logs_are_refused(tmp_path):

@@ -38,8 +38,11 @@ def complete_lines(path):
 def current_digest(drafter: str):
     """The checkpoint digest of a drafter (an embedded name or a path) as it is now; None when
     it cannot be found here (its records are then kept as they are)."""
-    from dblast_ext.drafter_io import checkpoint_digest
-
+    try:
+        from dblast_ext.drafter_io import checkpoint_digest
+    except ImportError:
+        raise SystemExit("checkpoint.py restore compares the recorded drafters with today's: it needs dblast_ext "
+                         "(source .venv/bin/activate; scripts/setup.sh makes it)") from None
     try:
         return checkpoint_digest(drafter)
     except (FileNotFoundError, ValueError):

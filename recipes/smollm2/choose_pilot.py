@@ -4,10 +4,10 @@ runs' held-out measurements, and says why in a table.
 Each pilot is a base drafter (K = 1, NLL) trained for the same number of steps on the same data;
 its eval_log.jsonl holds, per checkpoint, the top-1 agreement with the target's argmax at every
 block position (teacher-forced, held-out split). Pilots of different blocks are compared on the
-positions they share (1 .. SHARED, the draft positions of block 8), by the greedy accepted
-length those agreements imply if each position is accepted independently:
+draft positions they all have (1 .. n, n = 7 when the smallest block is 8), by the greedy
+accepted length those agreements imply if each position is accepted independently:
 
-    estimated tau = sum_{k=1..SHARED} prod_{j<=k} agreement_j
+    estimated tau = sum_{k=1..n} prod_{j<=k} agreement_j
 
 The pilot with the highest estimate at its best checkpoint wins; one within TIE (relative) of
 it with fewer layers (a cheaper drafter pass) or, next, the smaller block is preferred.
@@ -19,11 +19,10 @@ import json
 import os
 import sys
 
-SHARED = 7    # draft positions of block 8, the smallest block a pilot trains
 TIE = 0.02    # a relative margin within which the cheaper pilot is preferred
 
 
-def estimated_tau(agreement, positions: int = SHARED) -> float:
+def estimated_tau(agreement, positions: int) -> float:
     """sum over k of the product of the first k positions' agreements (a missing position counts 0)."""
     total, survive = 0.0, 1.0
     for k in range(positions):
@@ -33,8 +32,8 @@ def estimated_tau(agreement, positions: int = SHARED) -> float:
     return total
 
 
-def read_pilot(folder: str) -> dict:
-    """The pilot's best checkpoint by estimated tau: step, held-out loss, agreements, estimate."""
+def read_pilot(folder: str) -> list:
+    """The pilot's held-out checkpoints that logged top-1 agreement, in order."""
     path = os.path.join(folder, "eval_log.jsonl")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{folder}: no eval_log.jsonl (did the pilot run with eval_data?)")
@@ -43,9 +42,19 @@ def read_pilot(folder: str) -> dict:
     entries = [e for e in entries if e.get("top1_agreement")]
     if not entries:
         raise ValueError(f"{path}: no checkpoint logged top1_agreement")
-    best = max(entries, key=lambda e: estimated_tau(e["top1_agreement"]))
+    return entries
+
+
+def best_checkpoint(entries: list, positions: int) -> dict:
+    """The checkpoint with the highest estimate: step, held-out loss, agreements, estimate."""
+    best = max(entries, key=lambda e: estimated_tau(e["top1_agreement"], positions))
     return {"step": best["step"], "loss": best["loss"], "top1_agreement": best["top1_agreement"],
-            "estimated_tau": estimated_tau(best["top1_agreement"])}
+            "estimated_tau": estimated_tau(best["top1_agreement"], positions)}
+
+
+def shared_positions(logs: dict) -> int:
+    """The draft positions every pilot's checkpoints have."""
+    return min(len(e["top1_agreement"]) for entries in logs.values() for e in entries)
 
 
 def parse_name(name: str):
@@ -71,23 +80,29 @@ def main() -> int:
                         help="a pilot run: L<layers>-B<block>=its output folder (repeat)")
     parser.add_argument("--out", required=True, help="JSON file for the choice (layers, block, the table)")
     args = parser.parse_args()
-    pilots = {}
+    logs = {}
     for spec in args.pilot:
         name, sep, folder = spec.partition("=")
         if not sep:
             parser.error(f"--pilot takes NAME=FOLDER, got {spec!r}")
-        parse_name(name)
-        pilots[name] = read_pilot(folder)
+        try:
+            parse_name(name)
+        except ValueError as e:
+            parser.error(f"--pilot: {e}")
+        logs[name] = read_pilot(folder)
+    positions = shared_positions(logs)
+    pilots = {name: best_checkpoint(entries, positions) for name, entries in logs.items()}
     winner = choose(pilots)
-    print(f"| pilot | best step | held-out loss | top-1 agreement, positions 1-{SHARED} | estimated tau |")
+    print(f"| pilot | best step | held-out loss | top-1 agreement, positions 1-{positions} | estimated tau |")
     print("| --- | ---: | ---: | --- | ---: |")
     for name, p in sorted(pilots.items(), key=lambda item: parse_name(item[0])):
-        shown = " ".join(f"{a:.2f}" for a in p["top1_agreement"][:SHARED])
+        shown = " ".join(f"{a:.2f}" for a in p["top1_agreement"][:positions])
         mark = " (chosen)" if name == winner else ""
         print(f"| {name}{mark} | {p['step']} | {p['loss']:.2f} | {shown} | {p['estimated_tau']:.3f} |")
     layers, block = parse_name(winner)
     with open(args.out, "w") as f:
-        json.dump({"layers": layers, "block": block, "pilot": winner, "pilots": pilots}, f, indent=1)
+        json.dump({"layers": layers, "block": block, "pilot": winner, "positions": positions, "pilots": pilots}, f,
+                  indent=1)
     print(f"chosen: {layers} layers, block {block}", file=sys.stderr)
     return 0
 

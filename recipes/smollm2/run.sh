@@ -74,7 +74,7 @@ config() {
  "num_branches": $3, "block_size": 16, "objective": "$4", "tau": 0.1,
  "num_anchors": 16, "batch_size": 4, "lr": $6, "warmup_ratio": 0.04, "max_steps": $5,
  "save_every": $(( $5 / 4 > 0 ? $5 / 4 : 1 )), "log_every": 10, "seed": 0,
- "feature_cache": "$WORK/features", "autocast": "bfloat16", "recompute_logits": false}
+ "feature_cache": "$WORK/features", "autocast": "auto", "recompute_logits": false}
 JSON
 }
 config base null 1 nll "$BASE_STEPS" 1e-3

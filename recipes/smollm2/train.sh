@@ -17,16 +17,19 @@
 #   bash recipes/smollm2/train.sh
 #   STORE=runs/smoke-data WORK=runs/smoke-train PARTIAL=1 PILOT_STEPS=4 SAVE_EVERY=2 PATIENCE=1 MAX_STEPS=6 \
 #     BATCH=2 ANCHORS=4 PACKAGE=0 bash recipes/smollm2/train.sh
+# The list of shards is taken once, into WORK/data.json, and kept: a resumed run must see the
+# same data (the trainer refuses another list), so shards that land later need a new WORK.
 # Environment: STORE (data.sh's store), WORK (runs, default runs/smollm2-5x), FEATURES (feature
 # caches, default WORK/features), PARTIAL=1 (train on the shards there are, before data.sh has
-# finished), LAYERS_CHOICES ("2 3"), BLOCK_CHOICES ("8 16"), PILOT_STEPS, SAVE_EVERY, PATIENCE,
+# made them all; its held-out shard must exist), SHARD and CODE_SAMPLES (data.sh's, to count the
+# shards it makes), LAYERS_CHOICES ("2 3"), BLOCK_CHOICES ("8 16"), PILOT_STEPS, SAVE_EVERY, PATIENCE,
 # MAX_STEPS, BATCH (sequences per step), ANCHORS (blocks per sequence), DISTILL (weight of the
 # target's top-32 in the NLL objectives), TARGET_LAYERS, PACKAGE.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 command -v dblast > /dev/null || { echo "dblast is not on PATH: source .venv/bin/activate (scripts/setup.sh)"; exit 2; }
 STORE=${STORE:-recipes/smollm2/data} WORK=${WORK:-runs/smollm2-5x}
-FEATURES=${FEATURES:-$WORK/features} PARTIAL=${PARTIAL:-0}
+FEATURES=${FEATURES:-$WORK/features} PARTIAL=${PARTIAL:-0} SHARD=${SHARD:-200} CODE_SAMPLES=${CODE_SAMPLES:-3}
 LAYERS_CHOICES=${LAYERS_CHOICES:-2 3} BLOCK_CHOICES=${BLOCK_CHOICES:-8 16}
 PILOT_STEPS=${PILOT_STEPS:-300} SAVE_EVERY=${SAVE_EVERY:-150} PATIENCE=${PATIENCE:-3} MAX_STEPS=${MAX_STEPS:-8000}
 BATCH=${BATCH:-4} ANCHORS=${ANCHORS:-16} DISTILL=${DISTILL:-0.5}
@@ -36,20 +39,24 @@ mkdir -p "$WORK"
 
 echo "== data ($(date -u +%T))"
 # the shards data.sh keeps, in its order (math, code, chat), as a JSON list for the configs
-python - "$STORE" "$PARTIAL" "$WORK/data.json" <<'PY'
+python - "$STORE" "$PARTIAL" "$WORK/data.json" "$SHARD" "$CODE_SAMPLES" <<'PY'
 import glob, gzip, json, os, sys
-store, partial, out = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+store, partial, out, shard, code_samples = sys.argv[1], sys.argv[2] == "1", sys.argv[3], *map(int, sys.argv[4:])
+if os.path.isfile(out):
+    kept = json.load(open(out))
+    print(f"{len(kept['data'])} shards, as this WORK was started with ({out})")
+    sys.exit(0)
 shards = [p for kind in ("math", "code", "chat")
           for p in sorted(glob.glob(os.path.join(store, "responses", f"{kind}-[0-9][0-9][0-9].jsonl.gz")))]
 heldout = os.path.join(store, "responses", "heldout.jsonl.gz")
 if not os.path.isfile(heldout):
     sys.exit(f"{heldout} is missing: data.sh writes it after the training shards; run it to the end")
-# data.sh cuts every prompt list into shards of about 200 sequences (code: 3 samples a prompt)
+# data.sh cuts every prompt list into shards of about SHARD sequences (code: CODE_SAMPLES a prompt)
 expected = 0
-for kind, samples in (("math", 1), ("code", 3), ("chat", 1)):
+for kind, samples in (("math", 1), ("code", code_samples), ("chat", 1)):
     path = os.path.join(store, "prompts", f"{kind}.jsonl")
     prompts = sum(1 for line in open(path) if line.strip()) if os.path.isfile(path) else 0
-    per = -(-200 // samples)
+    per = -(-shard // samples)
     expected += -(-prompts // per)
 if len(shards) < expected and not partial:
     sys.exit(f"{len(shards)} of {expected} data shards in {store}: run data.sh to the end (or PARTIAL=1)")
@@ -59,28 +66,31 @@ for path in shards:
         for line in f:
             sequences += 1
             tokens += sum(json.loads(line)["loss_mask"])
-json.dump({"data": shards, "eval_data": [heldout]}, open(out, "w"))
+json.dump({"data": shards, "eval_data": [heldout]}, open(out + ".tmp", "w"))
+os.replace(out + ".tmp", out)
 print(f"{len(shards)} shards (of {expected}): {sequences} sequences, {tokens} response tokens; held out: {heldout}")
 PY
 
-# config NAME INIT LAYERS BLOCK BRANCHES OBJECTIVE LR STEPS PATIENCE: one training config; every run
-# shares the data, features, batch, anchors, position weights and feature scaling
+# config NAME INIT LAYERS BLOCK BRANCHES OBJECTIVE LR STEPS PATIENCE: one training config (INIT and
+# PATIENCE may be null); every run shares the data, features, batch, anchors, position weights,
+# feature scaling and the distillation weight of its objective
 config() {
-  local init=null patience=null distill=0
-  [[ $2 != null ]] && init="\"$2\""
-  [[ $9 != null ]] && patience=$9
+  local distill=0
   [[ $6 == nll ]] && distill=$DISTILL
-  python - "$WORK/data.json" "$WORK/$1.json" <<PY
+  python - "$WORK" "$FEATURES" "$TARGET_LAYERS" "$MASK" "$ANCHORS" "$BATCH" "$SAVE_EVERY" "$distill" "$@" <<'PY'
 import json, sys
-data = json.load(open(sys.argv[1]))
-config = {"target": "default", **data, "out": "$WORK/$1", "init_from": json.loads('$init'),
-          "drafter": {"num_hidden_layers": $3, "mask_token_id": $MASK, "target_layer_ids": [$TARGET_LAYERS]},
-          "num_branches": $5, "block_size": $4, "objective": "$6", "tau": 0.1, "distill_weight": $distill,
-          "decay": 7, "feature_scaling": "rms", "num_anchors": $ANCHORS, "batch_size": $BATCH, "lr": $7,
-          "warmup_ratio": 0.04, "max_steps": $8, "patience": json.loads("$patience"), "save_every": min($SAVE_EVERY, $8),
-          "log_every": 10, "seed": 0, "feature_cache": "$FEATURES", "autocast": "auto",
-          "recompute_logits": False}
-json.dump(config, open(sys.argv[2], "w"), indent=1)
+work, features, layers, mask, anchors, batch, save_every, distill = sys.argv[1:9]
+name, init, num_layers, block, branches, objective, lr, steps, patience = sys.argv[9:18]
+config = {"target": "default", **json.load(open(f"{work}/data.json")), "out": f"{work}/{name}",
+          "init_from": None if init == "null" else init,
+          "drafter": {"num_hidden_layers": int(num_layers), "mask_token_id": int(mask),
+                      "target_layer_ids": [int(i) for i in layers.split(",")]},
+          "num_branches": int(branches), "block_size": int(block), "objective": objective, "tau": 0.1,
+          "distill_weight": float(distill), "decay": 7, "feature_scaling": "rms", "num_anchors": int(anchors),
+          "batch_size": int(batch), "lr": float(lr), "warmup_ratio": 0.04, "max_steps": int(steps),
+          "patience": None if patience == "null" else int(patience), "save_every": min(int(save_every), int(steps)),
+          "log_every": 10, "seed": 0, "feature_cache": features, "autocast": "auto", "recompute_logits": False}
+json.dump(config, open(f"{work}/{name}.json", "w"), indent=1)
 PY
 }
 # run NAME: trains WORK/NAME.json unless WORK/NAME/final exists
@@ -101,7 +111,8 @@ for layers in $LAYERS_CHOICES; do
 done
 echo "== choose ($(date -u +%T))"
 python recipes/smollm2/choose_pilot.py "${pilots[@]}" --out "$WORK/choice.json" | tee "$WORK/choice.md"
-read -r LAYERS BLOCK < <(python -c "import json; c = json.load(open('$WORK/choice.json')); print(c['layers'], c['block'])")
+read -r LAYERS BLOCK < <(python -c "import json, sys; c = json.load(open(sys.argv[1])); print(c['layers'], c['block'])" \
+  "$WORK/choice.json")
 
 config base null "$LAYERS" "$BLOCK" 1 nll 1e-3 "$MAX_STEPS" "$PATIENCE"
 run base
