@@ -93,7 +93,8 @@ held_out() {
   if [[ ! -f $STORE/responses/heldout.jsonl.gz ]]; then
     dblast data generate --prompts "$WORK/heldout-prompts.jsonl" --out "$WORK/responses/heldout.jsonl" $SAMPLING \
       --batch-size "$BATCH" --no-progress
-    gzip -9 -c "$WORK/responses/heldout.jsonl" > "$STORE/responses/heldout.jsonl.gz"
+    gzip -9 -c "$WORK/responses/heldout.jsonl" > "$STORE/responses/heldout.jsonl.gz.tmp"
+    mv "$STORE/responses/heldout.jsonl.gz.tmp" "$STORE/responses/heldout.jsonl.gz"   # readers see it whole
   fi
 }
 collect() {
