@@ -170,6 +170,22 @@ def checkpoint_files(path: str):
     return files
 
 
+def _digest_fields(config: DrafterConfig) -> dict:
+    """The config fields that fingerprint a drafter: every field the loader reads (not `extra`,
+    kept and never read), an optional one only where it differs from its default, so a field
+    added to DrafterConfig later leaves the digests of the checkpoints before it unchanged."""
+    out = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name == "extra":
+            continue
+        default = (f.default if f.default is not dataclasses.MISSING else
+                   f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        if default is dataclasses.MISSING or value != default:
+            out[f.name] = value
+    return out
+
+
 def checkpoint_digest(path: str) -> str:
     """A short fingerprint of what a drafter checkpoint computes: sha256 of its config as the
     loader reads it (DrafterConfig's fields) and of every tensor (name, dtype, shape, bytes).
@@ -179,8 +195,7 @@ def checkpoint_digest(path: str) -> str:
     config_path, weights_path = checkpoint_files(path)
     with open(config_path) as f:
         config = config_from_json(json.load(f))
-    read = {k: v for k, v in dataclasses.asdict(config).items() if k != "extra"}   # extra: kept, never read
-    digest = hashlib.sha256(json.dumps(read, sort_keys=True).encode())
+    digest = hashlib.sha256(json.dumps(_digest_fields(config), sort_keys=True).encode())
     with safe_open(weights_path, framework="pt") as f:
         for name in sorted(f.keys()):
             tensor = f.get_tensor(name).contiguous()

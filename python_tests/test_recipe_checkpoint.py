@@ -110,6 +110,11 @@ def test_the_digest_follows_what_the_drafter_computes_not_the_file_bytes(tmp_pat
     assert checkpoint_digest(path) != before          # a field that changes what it computes
     json.dump(config, open(config_file, "w"))
     assert checkpoint_digest(path) == before
+    json.dump(dict(config, input_embedding_scale=1.0), open(config_file, "w"))
+    assert checkpoint_digest(path) == before          # an optional field at its default counts as absent
+    json.dump(dict(config, input_embedding_scale=2.0), open(config_file, "w"))
+    assert checkpoint_digest(path) != before
+    json.dump(config, open(config_file, "w"))
     weights = os.path.join(path, "model.safetensors")
     state = load_file(weights)
     name = sorted(state)[0]
