@@ -1,7 +1,7 @@
 """The training loss's label log-probabilities, forward and backward, at SmolLM2's vocabulary
 (V = 49,152) for one chunk of 256 rows, K = 1 and K = 4 branches, the label and the target's
-top-32 per row (distillation): the fused gradient (`_PickedLogSoftmax`) next to autograd's
-gather + logsumexp, which it replaced."""
+top-32 per row (distillation): the fused gradient (`_PickedLogSoftmax`, "op") next to autograd's
+gather + logsumexp, which it replaced ("reference"), as bench/summarize.py pairs them."""
 import functools
 
 import pytest
@@ -14,7 +14,7 @@ def autograd_picked(logits, ids):
     return logits.gather(-1, ids) - torch.logsumexp(logits, dim=-1, keepdim=True)
 
 
-IMPLS = {"fused": _PickedLogSoftmax.apply, "autograd": autograd_picked}
+IMPLS = {"op": _PickedLogSoftmax.apply, "reference": autograd_picked}
 
 
 @functools.lru_cache(maxsize=2)
@@ -25,7 +25,7 @@ def case(branches):
     return logits, ids, torch.randn(256, branches, 33, generator=g)
 
 
-@pytest.mark.parametrize("impl", ["fused", "autograd"])
+@pytest.mark.parametrize("impl", ["op", "reference"])
 @pytest.mark.parametrize("branches", [1, 4])
 def test_label_logprobs_forward_backward(benchmark, device, branches, impl):
     if device != "cpu":

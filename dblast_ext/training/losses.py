@@ -216,6 +216,7 @@ class _PickedLogSoftmax(torch.autograd.Function):
         return logits.gather(-1, ids) - lse
 
     @staticmethod
+    @torch.autograd.function.once_differentiable   # its in-place softmax is not differentiable again
     def backward(ctx, grad):
         logits, lse, ids = ctx.saved_tensors
         grad_logits = torch.sub(logits, lse).exp_()                 # softmax, in one new tensor

@@ -42,22 +42,27 @@ echo "== data ($(date -u +%T))"
 python - "$STORE" "$PARTIAL" "$WORK/data.json" "$SHARD" "$CODE_SAMPLES" <<'PY'
 import glob, gzip, json, os, sys
 store, partial, out, shard, code_samples = sys.argv[1], sys.argv[2] == "1", sys.argv[3], *map(int, sys.argv[4:])
+def expected_shards():
+    """data.sh cuts every prompt list into shards of about SHARD sequences (code: CODE_SAMPLES a prompt)."""
+    count = 0
+    for kind, samples in (("math", 1), ("code", code_samples), ("chat", 1)):
+        path = os.path.join(store, "prompts", f"{kind}.jsonl")
+        prompts = sum(1 for line in open(path) if line.strip()) if os.path.isfile(path) else 0
+        count += -(-prompts // -(-shard // samples))
+    return count
+expected = expected_shards()
 if os.path.isfile(out):
     kept = json.load(open(out))
-    print(f"{len(kept['data'])} shards, as this WORK was started with ({out})")
+    print(f"{len(kept['data'])} shards of {expected}, as this WORK was started with ({out})")
+    if len(kept["data"]) < expected and not partial:
+        print(f"warning: this WORK trains on {len(kept['data'])} of the {expected} shards (it was started with "
+              "PARTIAL=1); a new WORK trains on all of them", file=sys.stderr)
     sys.exit(0)
 shards = [p for kind in ("math", "code", "chat")
           for p in sorted(glob.glob(os.path.join(store, "responses", f"{kind}-[0-9][0-9][0-9].jsonl.gz")))]
 heldout = os.path.join(store, "responses", "heldout.jsonl.gz")
 if not os.path.isfile(heldout):
     sys.exit(f"{heldout} is missing: data.sh writes it after the training shards; run it to the end")
-# data.sh cuts every prompt list into shards of about SHARD sequences (code: CODE_SAMPLES a prompt)
-expected = 0
-for kind, samples in (("math", 1), ("code", code_samples), ("chat", 1)):
-    path = os.path.join(store, "prompts", f"{kind}.jsonl")
-    prompts = sum(1 for line in open(path) if line.strip()) if os.path.isfile(path) else 0
-    per = -(-shard // samples)
-    expected += -(-prompts // per)
 if len(shards) < expected and not partial:
     sys.exit(f"{len(shards)} of {expected} data shards in {store}: run data.sh to the end (or PARTIAL=1)")
 tokens = sequences = 0
