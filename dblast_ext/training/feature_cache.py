@@ -44,7 +44,8 @@ from safetensors.torch import save_file
 from ..target import last_position_logits_arguments
 from ..progress import progress_bar
 
-__all__ = ["FeatureCache", "FeatureCacheSet", "open_feature_caches", "TargetPass", "cache_key", "target_pass", "response_feature_stats", "rms_feature_scale",
+__all__ = ["FeatureCache", "FeatureCacheSet", "open_feature_caches", "TargetPass", "cache_key", "target_pass",
+           "response_feature_stats", "rms_feature_scale",
            "FEATURE_DTYPE", "TOP_K"]
 
 FORMAT = "2"                   # 1: features in the target's dtype, nothing else

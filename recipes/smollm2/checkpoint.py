@@ -54,8 +54,9 @@ def recorded_settings(path):
     of its first complete line); {} when there are none."""
     try:
         if path.endswith(".jsonl"):
-            lines = complete_lines(path)
-            value = json.loads(lines[0]) if lines else {}
+            with open(path, encoding="utf-8") as f:
+                first = f.readline()   # the first line is enough: a run writes one settings for all
+            value = json.loads(first) if first.endswith("\n") else {}
         else:
             with open(path, encoding="utf-8") as f:
                 value = json.load(f)
