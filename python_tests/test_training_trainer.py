@@ -147,6 +147,35 @@ def test_held_out_evaluation_reports_top1_agreement_per_block_position(world):
     assert all(a is None or 0 <= a <= 1 for a in agreement) and any(a is not None for a in agreement)
 
 
+def test_eval_at_start_measures_the_initial_drafter_as_step_zero(world):
+    c = config(world, "at-start", max_steps=4, save_every=4, eval_at_start=True)
+    result = train(c, progress=False)
+    evals = [json.loads(line) for line in open(os.path.join(c.out, "eval_log.jsonl"))]
+    assert [e["step"] for e in evals] == [0, 4]
+    assert result["initial_held_out"] == {k: v for k, v in evals[0].items() if k != "step"}
+    # step 0 is the init's loss: a zero-step run of the same config measures the same number
+    measured = train(config(world, "at-start-only", max_steps=0, save_every=4, eval_at_start=True), progress=False)
+    assert measured["steps"] == 0 and measured["history"] == []
+    assert measured["initial_held_out"]["loss"] == pytest.approx(evals[0]["loss"], rel=1e-6)
+    # its final/ is the drafter it started from, K = 4 head added
+    before, after = load_drafter(world[2], num_branches=4), load_drafter(measured["final"])
+    assert after.num_branches == 4
+    assert torch.allclose(before.fc.weight, after.fc.weight, rtol=1e-5, atol=1e-7)
+    # a resumed run does not measure its start again
+    cut = config(world, "at-start-resume", max_steps=8, save_every=4, eval_at_start=True)
+    train(cut, progress=False, stop_at_step=4)
+    train(cut, progress=False)
+    steps = [json.loads(line)["step"] for line in open(os.path.join(cut.out, "eval_log.jsonl"))]
+    assert steps == [0, 4, 8]
+
+
+def test_eval_at_start_needs_held_out_data_and_zero_steps_need_eval_at_start(world):
+    with pytest.raises(ValueError, match="eval_at_start .* needs eval_data"):
+        config(world, "x", eval_data=None, eval_at_start=True)
+    with pytest.raises(ValueError, match="max_steps must be a positive integer"):
+        config(world, "x", max_steps=0)
+
+
 def test_a_resume_refuses_other_training_data_at_the_same_path(world, tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text(open(world[3]["train"]).read())

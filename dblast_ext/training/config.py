@@ -20,6 +20,9 @@
       "epochs": 1, "max_steps": null,
       "patience": null,                      # with eval_data: stop after this many checkpoints without a
                                              # lower held-out loss; final/ is then the best checkpoint
+      "eval_at_start": false,                # with eval_data: the held-out loss of the drafter before
+                                             # step 1 too (step 0 of eval_log.jsonl): what a run from
+                                             # init_from must beat; with max_steps 0 it only measures
       "save_every": 200, "log_every": 10, "seed": 0, "chunk_size": 1024,
       "recompute_logits": true,              # false: keep label logits for backward (faster, more memory)
       "device": null, "dtype": "auto",
@@ -63,6 +66,7 @@ class TrainConfig:
     epochs: int = 1
     max_steps: Optional[int] = None
     patience: Optional[int] = None
+    eval_at_start: bool = False
     save_every: int = 200
     log_every: int = 10
     seed: int = 0
@@ -79,7 +83,7 @@ class TrainConfig:
 
 # What runs made before a field existed trained with: a saved config without the field is
 # compared as if it held this value.
-LEGACY_VALUES = {"distill_weight": 0.0, "feature_scaling": "none", "patience": None}
+LEGACY_VALUES = {"distill_weight": 0.0, "feature_scaling": "none", "patience": None, "eval_at_start": False}
 FEATURE_SCALINGS = ("rms", "none")
 
 
@@ -136,7 +140,12 @@ def validate(c: TrainConfig, flags: Optional[Dict[str, str]] = None) -> TrainCon
 
     for key in ("num_anchors", "batch_size", "grad_accum", "epochs", "save_every", "log_every", "chunk_size"):
         _positive(name(key), getattr(c, key))
-    if c.max_steps is not None:
+    if not isinstance(c.eval_at_start, bool):
+        raise ValueError(f"training config: eval_at_start must be true or false, got {c.eval_at_start!r}")
+    if c.eval_at_start and not c.eval_data:
+        raise ValueError("training config: eval_at_start measures the held-out loss: it needs eval_data")
+    if c.max_steps is not None and not (c.max_steps == 0 and c.eval_at_start):
+        # 0 steps with eval_at_start: only the held-out measurement of the drafter it starts from
         _positive(name("max_steps"), c.max_steps)
     if c.patience is not None:
         _positive(name("patience"), c.patience)

@@ -343,7 +343,8 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
     if weights is not None:
         weights = weights.to(device)
     per_step = config.batch_size * config.grad_accum * parallel.world
-    total = config.max_steps or config.epochs * math.ceil(len(records) / per_step)
+    total = (config.max_steps if config.max_steps is not None
+             else config.epochs * math.ceil(len(records) / per_step))
     warmup = int(config.warmup_ratio * total)
     # the data order and anchors follow from the records and the world size as well as the config
     identity = {"data_sha256": data_digest(data_paths(config.data)), "world_size": parallel.world}
@@ -364,6 +365,12 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         start = state["step"]
+    initial = None
+    if config.eval_at_start and eval_records and not state and parallel.rank == 0:
+        # the drafter as it starts (init_from, or fresh weights): what the run has to improve on
+        initial = evaluate(drafter, target, eval_records, config, weights, device, eval_cache)
+        with open(os.path.join(config.out, "eval_log.jsonl"), "a") as f:
+            f.write(json.dumps({"step": 0, **initial}) + "\n")
     plateau = Plateau(config.patience, state)
     autocast = training_autocast(config, device)
     bar = progress_bar(total, initial=start, desc="training", unit="step", enabled=progress and parallel.rank == 0)
@@ -430,7 +437,7 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
             save_pretrained(drafter, final)
     return {"steps": finished, "total_steps": total, "history": history,
             "final": os.path.join(config.out, "final") if done else None, "stopped_early": plateau.reached,
-            "best_step": plateau.best_step}
+            "best_step": plateau.best_step, "initial_held_out": initial}
 
 
 def _broadcast(value: int, device) -> int:

@@ -7,6 +7,7 @@ decode loop casts them to the run's dtype), the config unchanged, at most 25 MB.
 import argparse
 import os
 import shutil
+from typing import Optional
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -36,9 +37,10 @@ def main() -> None:
         parser.error("give --checkpoint and --name, or --run-dir")
 
 
-def package(checkpoint: str, name: str) -> None:
-    """Writes the drafter at `checkpoint` in bf16 as the embedded drafter `name`."""
-    out = embedded_drafter_dir(name)
+def package(checkpoint: str, name: str, out: Optional[str] = None) -> None:
+    """Writes the drafter at `checkpoint` in bf16 as the embedded drafter `name` (into `out`
+    instead when given)."""
+    out = out or embedded_drafter_dir(name)
     state = load_file(os.path.join(checkpoint, "model.safetensors"))
     half = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in state.items()}
     os.makedirs(out, exist_ok=True)

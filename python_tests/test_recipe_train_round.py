@@ -1,0 +1,121 @@
+"""recipes/smollm2/train_round.py: what each round trains (chunks, stages, where each run starts)
+and what it ships, decided from the round's held-out measurements."""
+import copy
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2"))
+from train_round import DEFAULT_SETTINGS, conclude, round_plan  # noqa: E402
+
+SHIP = "ship"
+
+
+def ledger(**settings):
+    shards = [f"math-{i:03d}.jsonl.gz" for i in range(5)] + ["code-000.jsonl.gz", "chat-000.jsonl.gz"]
+    return {"settings": {**DEFAULT_SETTINGS, "chunks": 3, **settings}, "shards": shards, "heldout": "heldout.jsonl.gz",
+            "choice": None, "stage": "pilots", "baseline": None, "shipped": {"dflash-k1": None, "dblast-k4": None},
+            "arms_from_round": None, "done": [], "rounds": []}
+
+
+def measured(start_loss, best_loss, tau=1.0, start_tau=0.1):
+    return {"start": {"step": 0, "loss": start_loss, "estimated_tau": start_tau},
+            "best": {"step": 150, "loss": best_loss, "estimated_tau": tau}}
+
+
+def finish(book, runs, pilots=None):
+    """Concludes the next round with the given measurements, as main() does."""
+    plan = round_plan(book, SHIP)
+    record = {"round": plan["round"], "stage": plan["stage"], "runs": copy.deepcopy(runs)}
+    shipped = conclude(book, plan, record, pilots or {})
+    book["rounds"].append(record)
+    return plan, shipped
+
+
+def test_rounds_take_every_chunks_th_shard_in_turn():
+    book = ledger()
+    chunks = []
+    for _ in range(4):
+        plan = round_plan(book, SHIP)
+        chunks.append(plan["shards"])
+        book["rounds"].append({"stage": "base", "runs": {}})
+    assert chunks[0] == ["math-000.jsonl.gz", "math-003.jsonl.gz", "chat-000.jsonl.gz"]
+    assert chunks[1] == ["math-001.jsonl.gz", "math-004.jsonl.gz"]
+    assert chunks[2] == ["math-002.jsonl.gz", "code-000.jsonl.gz"]
+    assert chunks[3] == chunks[0]  # then round again
+    assert sorted(sum(chunks[:3], [])) == sorted(book["shards"])
+
+
+def test_the_pilot_round_trains_each_size_and_block_and_measures_the_shipped_drafter():
+    plan = round_plan(ledger(layers_choices=[2, 3], block_choices=[8, 16]), SHIP)
+    assert sorted(plan["runs"]) == ["baseline-dflash-k1", "pilot-L2-B16", "pilot-L2-B8", "pilot-L3-B16",
+                                    "pilot-L3-B8"]
+
+
+def test_a_full_course_pilots_base_then_both_arms_to_their_plateaus():
+    book = ledger(min_gain=0.01)
+    pilots = {"L2-B8": {"estimated_tau": 1.00}, "L3-B8": {"estimated_tau": 1.01}, "L2-B16": {"estimated_tau": 0.9}}
+    _, shipped = finish(book, {"baseline-dflash-k1": measured(9.0, 9.0)}, pilots)
+    # within 2% the cheaper pilot wins; nothing is shipped by the pilots
+    assert book["choice"]["layers"] == 2 and book["choice"]["block"] == 8 and shipped == []
+    assert book["stage"] == "base" and book["baseline"]["estimated_tau"] == 0.1
+
+    plan = round_plan(book, SHIP)
+    assert plan["runs"]["base"]["init"] is None  # the first base round starts from scratch
+    # from scratch, it replaces the first recipe's drafter only where it beats its estimated tau
+    _, shipped = finish(book, {"base": measured(12.0, 6.0, tau=0.05)})
+    assert shipped == [] and book["stage"] == "base"
+    _, shipped = finish(book, {"base": measured(12.0, 6.0, tau=0.8)})
+    assert shipped == [("base", "dflash-k1")] and book["shipped"]["dflash-k1"] == 2
+
+    plan = round_plan(book, SHIP)
+    assert plan["runs"]["base"]["init"] == os.path.join(SHIP, "dflash-k1")
+    _, shipped = finish(book, {"base": measured(6.0, 5.0)})      # 17% better: shipped, go on
+    assert shipped == [("base", "dflash-k1")] and book["stage"] == "base"
+    _, shipped = finish(book, {"base": measured(5.0, 4.98)})     # 0.4% better: shipped, the base is done
+    assert shipped == [("base", "dflash-k1")] and book["stage"] == "arms" and book["arms_from_round"] == 5
+
+    plan = round_plan(book, SHIP)
+    # both arms start from the base, which the shipped dflash-k1 is until an arm round ships
+    assert {arm: run["init"] for arm, run in plan["runs"].items()} == \
+        {"dflash-k1": os.path.join(SHIP, "dflash-k1"), "dblast-k4": os.path.join(SHIP, "dflash-k1")}
+    _, shipped = finish(book, {"dflash-k1": measured(5.0, 4.99), "dblast-k4": measured(3.0, 2.0)})
+    assert sorted(shipped) == [("dblast-k4", "dblast-k4"), ("dflash-k1", "dflash-k1")]
+    assert book["done"] == ["dflash-k1"] and book["stage"] == "arms"
+
+    plan = round_plan(book, SHIP)
+    assert {arm: run["init"] for arm, run in plan["runs"].items()} == {"dblast-k4": os.path.join(SHIP, "dblast-k4")}
+    _, shipped = finish(book, {"dblast-k4": measured(2.0, 2.01)})  # worse: kept as it was, and done
+    assert shipped == [] and book["stage"] == "done"
+    assert [r["runs"][name]["shipped"] for r in book["rounds"][1:] for name in r["runs"]] == \
+        [False, True, True, True, True, True, False]
+
+
+def test_a_base_that_never_beats_the_shipped_drafter_stops_after_max_rounds():
+    book = ledger(max_rounds=2)
+    finish(book, {"baseline-dflash-k1": measured(9.0, 9.0, start_tau=2.0)}, {"L2-B8": {"estimated_tau": 1.0}})
+    for _ in range(2):
+        assert round_plan(book, SHIP)["runs"]["base"]["init"] is None
+        finish(book, {"base": measured(12.0, 6.0, tau=1.0)})
+    assert book["stage"] == "done" and "did not beat" in book["note"]
+
+
+def test_an_arm_stops_after_max_rounds_even_while_improving():
+    book = ledger(max_rounds=1)
+    book.update(stage="arms", arms_from_round=0, shipped={"dflash-k1": 0, "dblast-k4": None})
+    book["rounds"].append({"stage": "base", "runs": {"base": {}}})
+    finish(book, {"dflash-k1": measured(5.0, 4.0), "dblast-k4": measured(3.0, 2.0)})
+    assert book["stage"] == "done" and sorted(book["done"]) == ["dblast-k4", "dflash-k1"]
+
+
+@pytest.mark.parametrize("stage", ["base", "arms"])
+def test_a_round_that_made_it_worse_ships_nothing(stage):
+    book = ledger()
+    book.update(stage=stage, choice={"layers": 2, "block": 8}, arms_from_round=1,
+                shipped={"dflash-k1": 0, "dblast-k4": None})
+    book["rounds"].append({"stage": "base", "runs": {"base": {}}})
+    runs = {"base": measured(5.0, 5.5)} if stage == "base" else \
+        {"dflash-k1": measured(5.0, 5.5), "dblast-k4": measured(3.0, 3.1)}
+    _, shipped = finish(book, runs)
+    assert shipped == []

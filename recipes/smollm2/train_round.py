@@ -1,0 +1,338 @@
+"""One round of the SmolLM2 drafters' training on the 5x data (train.sh runs it).
+
+Training to a plateau takes many hours on 2 CPU cores, longer than one sitting, and a
+machine may not keep its files from one sitting to the next: the target features alone (about
+6 KB a token, 18 GB for the whole set) cannot be kept. So the training is cut into rounds that
+each fit a sitting, and all that one round hands to the next is committed:
+  - the ledger (--ledger, JSON): the fixed settings, the pilots' choice, the stage, and per
+    round its data, its runs and their held-out measurements;
+  - the drafters, shipped as the embedded dflash-k1 / dblast-k4 whenever a round improved them
+    (they are the product's drafters, so shipping one is committing it);
+  - the runs' logs, copied into --logs.
+A round trains on one chunk of the shards (every `chunks`-th shard, so each chunk has math,
+code and chat), whose target features it caches first (per shard, in WORK/features, timed on
+their own), with the round's index as the seed. Its runs depend on the stage:
+  pilots  (round 0) base drafters of each size x block for `pilot_steps` steps, chosen by
+          choose_pilot.py's rule; the shipped dflash-k1 (the first recipe's) is measured on the
+          held-out split beside them, for the base to beat before it replaces it;
+  base    K = 1, NLL with distillation, from scratch (first base round) or from the shipped
+          dflash-k1 (later ones), `base_steps` steps; shipped as dflash-k1 when it improved;
+  arms    dflash-k1 (NLL with distillation) and dblast-k4 (K = 4 head, accepted-length
+          surrogate), each from its shipped drafter (the first arm round from the base, i.e.
+          the shipped dflash-k1 as the base stage left it), equal data and `arm_steps` steps.
+Each run measures its start on the held-out split (step 0) and stops early after `patience`
+checkpoints without a lower held-out loss; its final drafter is its best checkpoint. It
+improved when that loss is lower than at its start; a stage (the base, or an arm) is done when
+a round improves it by less than `min_gain` (relative), or after `max_rounds` rounds.
+
+    python recipes/smollm2/train_round.py                 # the next round
+    python recipes/smollm2/train_round.py --plan          # what the next round would do
+"""
+import argparse
+import datetime
+import glob
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import choose_pilot
+from package import package
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SHIP_DIR = os.path.join(ROOT, "dblast_ext", "drafters", "smollm2-135m-instruct")
+ARMS = ("dflash-k1", "dblast-k4")
+KINDS = ("math", "code", "chat")
+MASK = 16   # <empty_output>: a special token chat text never contains, used as the drafter's mask
+
+# what a new ledger is made with; afterwards the ledger's own settings rule every round
+DEFAULT_SETTINGS = {
+    "chunks": 6, "pilot_steps": 200, "base_steps": 1200, "arm_steps": 800,
+    "layers_choices": [2, 3], "block_choices": [8, 16],
+    "batch_size": 4, "num_anchors": 16, "distill_weight": 0.5, "decay": 7, "save_every": 150, "patience": 3,
+    "target_layer_ids": [1, 8, 14, 21, 27], "lr_scratch": 1e-3, "lr_continue": 3e-4, "tau": 0.1,
+    "min_gain": 0.01, "max_rounds": 8,
+}
+
+
+def read_json(path, default=None):
+    if not os.path.isfile(path):
+        return default
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_json(path, value) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+def store_shards(store: str) -> list:
+    """The response shards data.sh keeps, in its order (math, code, chat), as file names."""
+    return [os.path.basename(p) for kind in KINDS
+            for p in sorted(glob.glob(os.path.join(store, "responses", f"{kind}-[0-9][0-9][0-9].jsonl.gz")))]
+
+
+def response_tokens(paths) -> (int, int):
+    sequences = tokens = 0
+    for path in paths:
+        with gzip.open(path, "rt") as f:
+            for line in f:
+                sequences += 1
+                tokens += sum(json.loads(line)["loss_mask"])
+    return sequences, tokens
+
+
+def new_ledger(store: str, settings: dict, partial: bool) -> dict:
+    shards = store_shards(store)
+    if not os.path.isfile(os.path.join(store, "responses", "heldout.jsonl.gz")):
+        sys.exit(f"{store}/responses/heldout.jsonl.gz is missing: data.sh writes it after the training shards")
+    expected = expected_shard_count(store)
+    if len(shards) < expected and not partial:
+        sys.exit(f"{len(shards)} of {expected} data shards in {store}: run data.sh to the end (or --partial)")
+    return {"settings": settings, "shards": shards, "heldout": "heldout.jsonl.gz", "choice": None, "stage": "pilots",
+            "baseline": None, "shipped": {arm: None for arm in ARMS}, "arms_from_round": None, "done": [],
+            "rounds": []}
+
+
+def expected_shard_count(store: str) -> int:
+    """data.sh's shard count: every prompt list cut into shards of about 200 sequences (code: 3 a prompt)."""
+    count = 0
+    for kind, samples in (("math", 1), ("code", 3), ("chat", 1)):
+        path = os.path.join(store, "prompts", f"{kind}.jsonl")
+        prompts = sum(1 for line in open(path) if line.strip()) if os.path.isfile(path) else 0
+        count += -(-prompts // -(-200 // samples))
+    return count
+
+
+def round_plan(ledger: dict, ship_dir: str) -> dict:
+    """The next round: its index, chunk, shards and the runs it makes (name -> how; `init`: the
+    drafter a run starts from, None from scratch)."""
+    s = ledger["settings"]
+    index = len(ledger["rounds"])
+    chunk = index % s["chunks"]
+    shards = [name for i, name in enumerate(ledger["shards"]) if i % s["chunks"] == chunk]
+    runs = {}
+    stage = ledger["stage"]
+    if stage == "pilots":
+        for layers in s["layers_choices"]:
+            for block in s["block_choices"]:
+                runs[f"pilot-L{layers}-B{block}"] = {"kind": "pilot", "layers": layers, "block": block}
+        runs["baseline-dflash-k1"] = {"kind": "baseline"}
+    elif stage == "base":
+        shipped = ledger["shipped"]["dflash-k1"] is not None   # by this recipe: else from scratch
+        runs["base"] = {"kind": "base", "init": os.path.join(ship_dir, "dflash-k1") if shipped else None}
+    elif stage == "arms":
+        for arm in ARMS:
+            if arm not in ledger["done"]:
+                # an arm's first round starts from the base: the shipped dflash-k1 as the base stage left it
+                shipped = ledger["shipped"][arm]
+                own = shipped is not None and shipped >= ledger["arms_from_round"]
+                runs[arm] = {"kind": "arm", "init": os.path.join(ship_dir, arm if own else "dflash-k1")}
+    return {"round": index, "chunk": chunk, "shards": shards, "stage": stage, "runs": runs}
+
+
+def run_config(ledger, plan, name, run, work, store, features, ship_dir) -> dict:
+    s = ledger["settings"]
+    choice = ledger["choice"] or {}
+    kind = run["kind"]
+    objective = "al" if name == "dblast-k4" else "nll"
+    config = {
+        "target": "default",
+        "data": [os.path.join(store, "responses", shard) for shard in plan["shards"]],
+        "eval_data": [os.path.join(store, "responses", ledger["heldout"])],
+        "out": os.path.join(work, name), "init_from": None,
+        "num_branches": 4 if name == "dblast-k4" else 1, "objective": objective, "tau": s["tau"],
+        "distill_weight": s["distill_weight"] if objective == "nll" else 0.0, "decay": s["decay"],
+        "feature_scaling": "rms", "num_anchors": s["num_anchors"], "batch_size": s["batch_size"],
+        "warmup_ratio": 0.04, "patience": s["patience"], "save_every": s["save_every"], "log_every": 10,
+        "seed": plan["round"], "feature_cache": features, "autocast": "auto", "recompute_logits": False,
+        "eval_at_start": True,
+    }
+    if kind == "baseline":   # the first recipe's dflash-k1, measured only (and at its own block)
+        config.update(init_from=os.path.join(ship_dir, "dflash-k1"), max_steps=0, lr=s["lr_continue"],
+                      patience=None)
+        return config
+    block = run.get("block", choice.get("block"))
+    steps = {"pilot": "pilot_steps", "base": "base_steps", "arm": "arm_steps"}[kind]
+    config.update(block_size=block, max_steps=s[steps])
+    init = run.get("init")
+    if init is None:
+        layers = run.get("layers", choice.get("layers"))
+        config.update(drafter={"num_hidden_layers": layers, "mask_token_id": MASK,
+                               "target_layer_ids": s["target_layer_ids"]}, lr=s["lr_scratch"])
+    else:
+        config.update(init_from=init, lr=s["lr_continue"])
+    if kind == "pilot":
+        config["patience"] = None
+        config["save_every"] = min(s["save_every"], s["pilot_steps"])
+    return config
+
+
+def conclude(ledger: dict, plan: dict, record: dict, pilots: dict) -> list:
+    """Updates the ledger from a finished round's measurements (`record`; `pilots`: the pilot
+    round's choose_pilot summaries by L<layers>-B<block> name) and returns what to ship, as
+    (run name, embedded drafter name) pairs."""
+    s, stage, ship = ledger["settings"], plan["stage"], []
+    if stage == "pilots":
+        winner = choose_pilot.choose(pilots)
+        layers, block = choose_pilot.parse_name(winner)
+        ledger["choice"] = {"layers": layers, "block": block, "pilot": winner, "pilots": pilots}
+        ledger["baseline"] = record["runs"]["baseline-dflash-k1"]["start"]
+        ledger["stage"] = "base"
+    elif stage == "base":
+        run = record["runs"]["base"]
+        first = plan["runs"]["base"]["init"] is None
+        gain = 1.0 if first else (run["start"]["loss"] - run["best"]["loss"]) / run["start"]["loss"]
+        # from scratch, the base replaces the first recipe's dflash-k1 only where it beats it
+        better = run["best"]["estimated_tau"] > ledger["baseline"]["estimated_tau"] if first else gain > 0
+        run.update(gain=round(gain, 5), shipped=better)
+        if better:
+            ship.append(("base", "dflash-k1"))
+            ledger["shipped"]["dflash-k1"] = plan["round"]
+        rounds = sum(1 for r in ledger["rounds"] if r["stage"] == "base") + 1
+        if ledger["shipped"]["dflash-k1"] is None:
+            if rounds >= s["max_rounds"]:   # never beat the first recipe's drafter: nothing to build arms on
+                ledger["stage"], ledger["note"] = "done", f"the base did not beat the baseline in {rounds} rounds"
+        elif gain < s["min_gain"] or rounds >= s["max_rounds"]:
+            ledger["stage"], ledger["arms_from_round"] = "arms", plan["round"] + 1
+    elif stage == "arms":
+        for arm in plan["runs"]:
+            run = record["runs"][arm]
+            gain = (run["start"]["loss"] - run["best"]["loss"]) / run["start"]["loss"]
+            run.update(gain=round(gain, 5), shipped=gain > 0)
+            if gain > 0:
+                ship.append((arm, arm))
+                ledger["shipped"][arm] = plan["round"]
+            rounds = sum(1 for r in ledger["rounds"] if arm in r["runs"]) + 1
+            if gain < s["min_gain"] or rounds >= s["max_rounds"]:
+                ledger["done"].append(arm)
+        if all(arm in ledger["done"] for arm in ARMS):
+            ledger["stage"] = "done"
+    return ship
+
+
+def eval_log(out: str) -> list:
+    path = os.path.join(out, "eval_log.jsonl")
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def measured(entries: list, positions: int) -> dict:
+    """A run's start (step 0) and best checkpoint (lowest held-out loss), with estimated tau."""
+    def summary(e):
+        return {"step": e["step"], "loss": round(e["loss"], 5), "top1_agreement": e.get("top1_agreement"),
+                "estimated_tau": round(choose_pilot.estimated_tau(e.get("top1_agreement") or [], positions), 4)}
+    start = next(e for e in entries if e["step"] == 0)
+    best = min(entries, key=lambda e: e["loss"])
+    return {"start": summary(start), "best": summary(best)}
+
+
+def train(config: dict, work: str, log) -> float:
+    path = os.path.join(work, os.path.basename(config["out"]) + ".json")
+    write_json(path, config)
+    started = time.time()
+    log(f"== train {os.path.basename(config['out'])} ({time.strftime('%H:%M:%S', time.gmtime())} UTC)")
+    subprocess.run(["dblast", "train", "--config", path, "--no-progress"], check=True)
+    return round(time.time() - started, 1)
+
+
+def copy_logs(out: str, logs: str, prefix: str) -> None:
+    os.makedirs(logs, exist_ok=True)
+    for name in ("train_log.jsonl", "eval_log.jsonl"):
+        if os.path.isfile(os.path.join(out, name)):
+            shutil.copyfile(os.path.join(out, name), os.path.join(logs, f"{prefix}-{name}"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", default=os.path.join(HERE, "data"), help="data.sh's store")
+    parser.add_argument("--ledger", default=os.path.join(HERE, "training", "ledger.json"))
+    parser.add_argument("--logs", default=os.path.join(HERE, "logs", "5x"), help="where the runs' logs are kept")
+    parser.add_argument("--work", default=os.path.join(ROOT, "runs", "smollm2-5x"), help="scratch: runs, features")
+    parser.add_argument("--ship-dir", default=SHIP_DIR, help="where improved drafters are shipped")
+    parser.add_argument("--partial", action="store_true", help="start a ledger before data.sh made every shard")
+    parser.add_argument("--settings", default="{}", help="JSON overrides of the settings of a NEW ledger")
+    parser.add_argument("--plan", action="store_true", help="print the next round's plan and stop")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds to run (stops early once training is done)")
+    args = parser.parse_args()
+    if args.settings != "{}" and os.path.isfile(args.ledger):
+        parser.error(f"--settings applies to a new ledger only; {args.ledger} has its own")
+    overrides = json.loads(args.settings)
+    unknown = sorted(set(overrides) - set(DEFAULT_SETTINGS))
+    if unknown:
+        parser.error(f"--settings: unknown {unknown}; known: {sorted(DEFAULT_SETTINGS)}")
+    for _ in range(max(1, args.rounds)):
+        if not run_round(args, overrides) or args.plan:
+            break
+    return 0
+
+
+def run_round(args, overrides: dict) -> bool:
+    """The next round (its plan only, with --plan); False when training is already done."""
+    ledger = read_json(args.ledger)
+    if ledger is None:
+        ledger = new_ledger(args.store, {**DEFAULT_SETTINGS, **overrides}, args.partial)
+    missing = [name for name in ledger["shards"] if not os.path.isfile(os.path.join(args.store, "responses", name))]
+    if missing:
+        sys.exit(f"the ledger's shards {missing[:3]}... are not in {args.store}")
+    if ledger["stage"] == "done":
+        print(f"training is done: {ledger.get('note') or 'every stage reached its plateau'}")
+        return False
+    plan = round_plan(ledger, args.ship_dir)
+    work = os.path.join(args.work, f"round-{plan['round']:02d}")
+    features = os.path.join(args.work, "features")  # per shard: a later round on this machine reuses them
+    configs = {name: run_config(ledger, plan, name, run, work, args.store, features, args.ship_dir)
+               for name, run in plan["runs"].items()}
+    if args.plan:
+        print(json.dumps({"plan": plan, "configs": configs}, indent=1))
+        return True
+    os.makedirs(work, exist_ok=True)
+    log = lambda message: print(message, flush=True)  # noqa: E731
+    seqs, tokens = response_tokens(configs[next(iter(configs))]["data"])
+    log(f"== round {plan['round']} ({plan['stage']}): chunk {plan['chunk']} of {ledger['settings']['chunks']}, "
+        f"{len(plan['shards'])} shards, {seqs} sequences, {tokens} response tokens")
+    # pilots of every block and the base are compared on the draft positions the smallest block has
+    positions = min(ledger["settings"]["block_choices"]) - 1
+    record = {"round": plan["round"], "chunk": plan["chunk"], "stage": plan["stage"], "shards": plan["shards"],
+              "date": datetime.date.today().isoformat(), "runs": {}}
+    # the round's target features first, timed on their own (a zero-step run of its first config)
+    features_run = dict(next(iter(configs.values())), out=os.path.join(work, "feature-pass"), max_steps=0,
+                        patience=None)
+    record["feature_seconds"] = train(features_run, work, log)
+    total = sum(len(json.loads(line)["input_ids"]) for path in features_run["data"] for line in gzip.open(path, "rt"))
+    log(f"== features: {total} tokens in {record['feature_seconds']:.0f} s "
+        f"({total / record['feature_seconds']:.0f} tokens/s with the target load and a held-out pass)")
+    for name, config in configs.items():
+        seconds = train(config, work, log)
+        entries = eval_log(config["out"])
+        record["runs"][name] = {"init": config["init_from"] and os.path.basename(config["init_from"]),
+                                "steps": max(e["step"] for e in entries), "seconds": seconds,
+                                **measured(entries, positions)}
+        copy_logs(config["out"], args.logs, f"round-{plan['round']:02d}-{name}")
+    # every run of the round is done: only now are drafters shipped (the arms start from the same base)
+    pilots = {name[len("pilot-"):]: choose_pilot.best_checkpoint(choose_pilot.read_pilot(configs[name]["out"]),
+                                                                  positions)
+              for name in plan["runs"] if name.startswith("pilot-")}
+    shipped = conclude(ledger, plan, record, pilots)
+    for run_name, arm in shipped:
+        package(os.path.join(configs[run_name]["out"], "final"), arm, os.path.join(args.ship_dir, arm))
+    if plan["stage"] == "pilots":
+        log(f"== chosen: {ledger['choice']['layers']} layers, block {ledger['choice']['block']}")
+    shipped = [arm for _, arm in shipped]
+    record["shipped"] = shipped
+    ledger["rounds"].append(record)
+    write_json(args.ledger, ledger)
+    log(f"== round {plan['round']} done: shipped {shipped or 'nothing'}; next stage {ledger['stage']}")
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())
