@@ -35,6 +35,8 @@ def finish(book, runs, pilots=None):
 
 def test_rounds_take_every_chunks_th_shard_in_turn():
     book = ledger()
+    pilots = round_plan(book, SHIP)["shards"]
+    book["rounds"].append({"stage": "pilots", "runs": {}})
     chunks = []
     for _ in range(4):
         plan = round_plan(book, SHIP)
@@ -44,6 +46,7 @@ def test_rounds_take_every_chunks_th_shard_in_turn():
     assert chunks[1] == ["math-001.jsonl.gz", "math-004.jsonl.gz"]
     assert chunks[2] == ["math-002.jsonl.gz", "code-000.jsonl.gz"]
     assert chunks[3] == chunks[0]  # then round again
+    assert pilots == chunks[0]      # the first base round reuses the pilots' features
     assert sorted(sum(chunks[:3], [])) == sorted(book["shards"])
 
 

@@ -9,7 +9,7 @@
 #                 from the last shipped one, until a round improves the held-out loss by < 1%;
 #   arm rounds    dflash-k1 (NLL with distillation) and dblast-k4 (K = 4 head, accepted-length
 #                 surrogate, tau 0.1) from that base, equal data and steps, each to its plateau.
-# A round caches the target features of its chunk of the shards (every 6th shard) first, then
+# A round caches the target features of its chunk of the shards (every 8th shard) first, then
 # trains; a drafter that improved is shipped into dblast_ext/drafters/ at the round's end. What
 # a later sitting needs is committed: recipes/smollm2/training/ledger.json, the shipped drafters
 # and the runs' logs (recipes/smollm2/logs/5x/). Commit them after each round.

@@ -10,8 +10,9 @@ each fit a sitting, and all that one round hands to the next is committed:
     (they are the product's drafters, so shipping one is committing it);
   - the runs' logs, copied into --logs.
 A round trains on one chunk of the shards (every `chunks`-th shard, so each chunk has math,
-code and chat), whose target features it caches first (per shard, in WORK/features, timed on
-their own), with the round's index as the seed. Its runs depend on the stage:
+code and chat; the pilots and the first base round share the first), whose target features it
+caches first (per shard, in WORK/features, timed on their own), with the round's index as the
+seed. Its runs depend on the stage:
   pilots  (round 0) base drafters of each size x block for `pilot_steps` steps, chosen by
           choose_pilot.py's rule; the shipped dflash-k1 (the first recipe's) is measured on the
           held-out split beside them, for the base to beat before it replaces it;
@@ -51,7 +52,7 @@ MASK = 16   # <empty_output>: a special token chat text never contains, used as 
 
 # what a new ledger is made with; afterwards the ledger's own settings rule every round
 DEFAULT_SETTINGS = {
-    "chunks": 6, "pilot_steps": 200, "base_steps": 1200, "arm_steps": 800,
+    "chunks": 8, "pilot_steps": 200, "base_steps": 1200, "arm_steps": 800,
     "layers_choices": [2, 3], "block_choices": [8, 16],
     "batch_size": 4, "num_anchors": 16, "distill_weight": 0.5, "decay": 7, "save_every": 150, "patience": 3,
     "target_layer_ids": [1, 8, 14, 21, 27], "lr_scratch": 1e-3, "lr_continue": 3e-4, "tau": 0.1,
@@ -117,7 +118,8 @@ def round_plan(ledger: dict, ship_dir: str) -> dict:
     drafter a run starts from, None from scratch)."""
     s = ledger["settings"]
     index = len(ledger["rounds"])
-    chunk = index % s["chunks"]
+    # the pilots' chunk is the first base round's too: run in one sitting, they share its features
+    chunk = sum(1 for r in ledger["rounds"] if r["stage"] != "pilots") % s["chunks"]
     shards = [name for i, name in enumerate(ledger["shards"]) if i % s["chunks"] == chunk]
     runs = {}
     stage = ledger["stage"]
