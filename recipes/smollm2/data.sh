@@ -43,9 +43,13 @@ make_prompts() {
   [[ -s $P/code-heldout.jsonl ]] || python recipes/smollm2/code_prompts.py --count "$HELD_CODE" --seed 0 --heldout \
     --out "$P/code-heldout.jsonl"
 }
+# the chat instructions take over an hour on one thread: every copy samples batches of them (kept in
+# WORK, each batch under its own lock), and each writes the same file from them
 make_chat_prompts() {
   [[ $(lines "$P/chat.jsonl") == "$CHAT" ]] || python recipes/smollm2/self_instruct.py --count "$CHAT" --seed 0 \
-    --out "$P/chat.jsonl"
+    --batches "$WORK/chat-prompt-batches" --out "$P/chat.jsonl"
+}
+make_chat_heldout() {
   [[ $(lines "$P/chat-heldout.jsonl") == "$HELD_CHAT" ]] || python recipes/smollm2/self_instruct.py \
     --count "$HELD_CHAT" --seed 1 --exclude "$P/chat.jsonl" --out "$P/chat-heldout.jsonl"
 }
@@ -113,7 +117,8 @@ PY
 
 run_shards math 1
 run_shards code "$CODE_SAMPLES"
-with_lock setup make_chat_prompts
+make_chat_prompts
+with_lock setup make_chat_heldout
 run_shards chat 1
 
 echo "== held out ($(date -u +%T))"
