@@ -7,7 +7,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2"))
-from train_round import DEFAULT_SETTINGS, conclude, round_plan  # noqa: E402
+from train_round import DEFAULT_SETTINGS, conclude, data_sh_shards, round_plan  # noqa: E402
 
 SHIP = "ship"
 
@@ -122,3 +122,12 @@ def test_a_round_that_made_it_worse_ships_nothing(stage):
         {"dflash-k1": measured(5.0, 5.5), "dblast-k4": measured(3.0, 3.1)}
     _, shipped = finish(book, runs)
     assert shipped == []
+
+
+def test_the_ledger_names_every_shard_data_sh_makes_from_its_prompt_lists(tmp_path):
+    (tmp_path / "prompts").mkdir()
+    for kind, count in (("math", 401), ("code", 68), ("chat", 200)):
+        (tmp_path / "prompts" / f"{kind}.jsonl").write_text("{}\n" * count)
+    # 200 sequences a shard: 3 math shards; code, 3 samples a prompt: 67 prompts a shard
+    assert data_sh_shards(str(tmp_path)) == ["math-000.jsonl.gz", "math-001.jsonl.gz", "math-002.jsonl.gz",
+                                             "code-000.jsonl.gz", "code-001.jsonl.gz", "chat-000.jsonl.gz"]

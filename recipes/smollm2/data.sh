@@ -92,14 +92,21 @@ run_shards() {
   done
 }
 
+# the held-out responses, made before the chat shards (training rounds need them from the start)
+# by one copy while the others go on with the shards
 held_out() {
-  cat "$P/"{math,code,chat}-heldout.jsonl > "$WORK/heldout-prompts.jsonl"
+  [[ -f $STORE/responses/heldout.jsonl.gz ]] && return
+  exec 8> "$WORK/locks/heldout.lock"
+  flock -n 8 || { exec 8>&-; return; }   # another copy is on it
   if [[ ! -f $STORE/responses/heldout.jsonl.gz ]]; then
+    echo "== held out ($(date -u +%T), copy $$)"
+    cat "$P/"{math,code,chat}-heldout.jsonl > "$WORK/heldout-prompts.jsonl"
     dblast data generate --prompts "$WORK/heldout-prompts.jsonl" --out "$WORK/responses/heldout.jsonl" $SAMPLING \
       --batch-size "$BATCH" --no-progress
     gzip -9 -c "$WORK/responses/heldout.jsonl" > "$STORE/responses/heldout.jsonl.gz.tmp"
     mv "$STORE/responses/heldout.jsonl.gz.tmp" "$STORE/responses/heldout.jsonl.gz"   # readers see it whole
   fi
+  exec 8>&-
 }
 collect() {
   zcat "$STORE/responses/"{math,code,chat}-[0-9][0-9][0-9].jsonl.gz > "$WORK/train.jsonl.tmp"
@@ -119,12 +126,12 @@ run_shards math 1
 run_shards code "$CODE_SAMPLES"
 make_chat_prompts
 with_lock setup make_chat_heldout
+held_out
 run_shards chat 1
 
-echo "== held out ($(date -u +%T))"
-with_lock setup held_out
 missing=$(for f in "$WORK/shards/"*-[0-9][0-9][0-9].jsonl; do
-  n=$(basename "$f" .jsonl); [[ -f $STORE/responses/$n.jsonl.gz ]] || echo "$n"; done)
+  n=$(basename "$f" .jsonl); [[ -f $STORE/responses/$n.jsonl.gz ]] || echo "$n"; done
+  [[ -f $STORE/responses/heldout.jsonl.gz ]] || echo heldout)
 if [[ -n $missing ]]; then
   echo "== other copies are still on $(echo $missing); the last to finish collects ($(date -u +%T))"
   exit 0

@@ -18,7 +18,7 @@
 #   python recipes/smollm2/train_round.py --plan     # what the next round would train
 # A smoke run on a few sequences (a store of small shards, another ledger and ship folder):
 #   bash recipes/smollm2/train.sh --store STORE --ledger runs/smoke/ledger.json --logs runs/smoke/logs \
-#     --work runs/smoke/work --ship-dir runs/smoke/ship --partial --settings '{"chunks": 2, "pilot_steps": 2,
+#     --work runs/smoke/work --ship-dir runs/smoke/ship --settings '{"chunks": 2, "pilot_steps": 2,
 #     "base_steps": 4, "arm_steps": 4, "layers_choices": [1], "block_choices": [4, 8], "batch_size": 2,
 #     "num_anchors": 4, "save_every": 2, "patience": 1}'
 # Environment: ROUNDS (rounds to run, default 1); the arguments go to train_round.py.

@@ -81,7 +81,7 @@ def store_shards(store: str) -> list:
             for p in sorted(glob.glob(os.path.join(store, "responses", f"{kind}-[0-9][0-9][0-9].jsonl.gz")))]
 
 
-def response_tokens(paths) -> (int, int):
+def response_tokens(paths) -> tuple:
     sequences = tokens = 0
     for path in paths:
         with gzip.open(path, "rt") as f:
@@ -91,26 +91,27 @@ def response_tokens(paths) -> (int, int):
     return sequences, tokens
 
 
-def new_ledger(store: str, settings: dict, partial: bool) -> dict:
-    shards = store_shards(store)
+def new_ledger(store: str, settings: dict) -> dict:
+    """A ledger over every shard data.sh makes (named from its prompt lists, made or not: a round
+    needs only its own chunk's), or over the shards there are in a store without prompt lists."""
     if not os.path.isfile(os.path.join(store, "responses", "heldout.jsonl.gz")):
-        sys.exit(f"{store}/responses/heldout.jsonl.gz is missing: data.sh writes it after the training shards")
-    expected = expected_shard_count(store)
-    if len(shards) < expected and not partial:
-        sys.exit(f"{len(shards)} of {expected} data shards in {store}: run data.sh to the end (or --partial)")
+        sys.exit(f"{store}/responses/heldout.jsonl.gz is missing: data.sh writes it before the chat shards")
+    shards = data_sh_shards(store) or store_shards(store)
+    if not shards:
+        sys.exit(f"no data shards in {store}/responses")
     return {"settings": settings, "shards": shards, "heldout": "heldout.jsonl.gz", "choice": None, "stage": "pilots",
             "baseline": None, "shipped": {arm: None for arm in ARMS}, "arms_from_round": None, "done": [],
             "rounds": []}
 
 
-def expected_shard_count(store: str) -> int:
-    """data.sh's shard count: every prompt list cut into shards of about 200 sequences (code: 3 a prompt)."""
-    count = 0
+def data_sh_shards(store: str) -> list:
+    """The shards data.sh cuts its prompt lists into: about 200 sequences each (code: 3 a prompt)."""
+    names = []
     for kind, samples in (("math", 1), ("code", 3), ("chat", 1)):
         path = os.path.join(store, "prompts", f"{kind}.jsonl")
         prompts = sum(1 for line in open(path) if line.strip()) if os.path.isfile(path) else 0
-        count += -(-prompts // -(-200 // samples))
-    return count
+        names += [f"{kind}-{i:03d}.jsonl.gz" for i in range(-(-prompts // -(-200 // samples)))]
+    return names
 
 
 def round_plan(ledger: dict, ship_dir: str) -> dict:
@@ -260,7 +261,6 @@ def main() -> int:
     parser.add_argument("--logs", default=os.path.join(HERE, "logs", "5x"), help="where the runs' logs are kept")
     parser.add_argument("--work", default=os.path.join(ROOT, "runs", "smollm2-5x"), help="scratch: runs, features")
     parser.add_argument("--ship-dir", default=SHIP_DIR, help="where improved drafters are shipped")
-    parser.add_argument("--partial", action="store_true", help="start a ledger before data.sh made every shard")
     parser.add_argument("--settings", default="{}", help="JSON overrides of the settings of a NEW ledger")
     parser.add_argument("--plan", action="store_true", help="print the next round's plan and stop")
     parser.add_argument("--rounds", type=int, default=1, help="rounds to run (stops early once training is done)")
@@ -281,14 +281,15 @@ def run_round(args, overrides: dict) -> bool:
     """The next round (its plan only, with --plan); False when training is already done."""
     ledger = read_json(args.ledger)
     if ledger is None:
-        ledger = new_ledger(args.store, {**DEFAULT_SETTINGS, **overrides}, args.partial)
-    missing = [name for name in ledger["shards"] if not os.path.isfile(os.path.join(args.store, "responses", name))]
-    if missing:
-        sys.exit(f"the ledger's shards {missing[:3]}... are not in {args.store}")
+        ledger = new_ledger(args.store, {**DEFAULT_SETTINGS, **overrides})
     if ledger["stage"] == "done":
         print(f"training is done: {ledger.get('note') or 'every stage reached its plateau'}")
         return False
     plan = round_plan(ledger, args.ship_dir)
+    missing = [name for name in plan["shards"] if not os.path.isfile(os.path.join(args.store, "responses", name))]
+    if missing:
+        sys.exit(f"round {plan['round']} trains on shards data.sh has not made yet ({', '.join(missing)}): "
+                 "run recipes/smollm2/data.sh")
     work = os.path.join(args.work, f"round-{plan['round']:02d}")
     features = os.path.join(args.work, "features")  # per shard: a later round on this machine reuses them
     configs = {name: run_config(ledger, plan, name, run, work, args.store, features, args.ship_dir)
