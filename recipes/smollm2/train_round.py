@@ -287,7 +287,7 @@ def run_round(args, overrides: dict) -> bool:
         return False
     plan = round_plan(ledger, args.ship_dir)
     missing = [name for name in plan["shards"] if not os.path.isfile(os.path.join(args.store, "responses", name))]
-    if missing:
+    if missing and not args.plan:
         sys.exit(f"round {plan['round']} trains on shards data.sh has not made yet ({', '.join(missing)}): "
                  "run recipes/smollm2/data.sh")
     work = os.path.join(args.work, f"round-{plan['round']:02d}")
@@ -295,7 +295,7 @@ def run_round(args, overrides: dict) -> bool:
     configs = {name: run_config(ledger, plan, name, run, work, args.store, features, args.ship_dir)
                for name, run in plan["runs"].items()}
     if args.plan:
-        print(json.dumps({"plan": plan, "configs": configs}, indent=1))
+        print(json.dumps({"plan": plan, "not_made_yet": missing, "configs": configs}, indent=1))
         return True
     os.makedirs(work, exist_ok=True)
     log = lambda message: print(message, flush=True)  # noqa: E731
