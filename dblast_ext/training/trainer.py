@@ -369,8 +369,7 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
     if config.eval_at_start and eval_records and not state and parallel.rank == 0:
         # the drafter as it starts (init_from, or fresh weights): what the run has to improve on
         initial = evaluate(drafter, target, eval_records, config, weights, device, eval_cache)
-        with open(os.path.join(config.out, "eval_log.jsonl"), "a") as f:
-            f.write(json.dumps({"step": 0, **initial}) + "\n")
+        append_eval_log(config.out, 0, initial)
     plateau = Plateau(config.patience, state)
     autocast = training_autocast(config, device)
     bar = progress_bar(total, initial=start, desc="training", unit="step", enabled=progress and parallel.rank == 0)
@@ -471,9 +470,14 @@ def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out, ident
                 "plateau": plateau.to_json() if plateau else None, **identity}, partial)
     os.replace(partial, os.path.join(path, STATE_FILE))
     if held_out is not None:
-        with open(os.path.join(config.out, "eval_log.jsonl"), "a") as f:
-            f.write(json.dumps({"step": step, **held_out}) + "\n")
+        append_eval_log(config.out, step, held_out)
     return path
+
+
+def append_eval_log(out: str, step: int, held_out: Dict) -> None:
+    """One line of out/eval_log.jsonl: the held-out measurement at `step`."""
+    with open(os.path.join(out, "eval_log.jsonl"), "a") as f:
+        f.write(json.dumps({"step": step, **held_out}) + "\n")
 
 
 __all__ = ["train", "build_drafter", "default_target_layers", "latest_checkpoint", "lr_factor"]

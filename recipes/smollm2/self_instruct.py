@@ -96,7 +96,7 @@ def from_kept_batches(args, sample, seen, limit):
                 lock.close()
             break
         else:
-            if all(os.path.isfile(os.path.join(args.batches, f"batch-{i:05d}.json")) for i in range(read, limit)):
+            if read >= limit:   # batch `read` is missing unless every batch up to the limit is kept
                 raise SystemExit(f"only {len(chosen)} distinct instructions after {limit} batches")
             time.sleep(5)   # the rest are being sampled by others
 

@@ -60,9 +60,10 @@ DEFAULT_SETTINGS = {
 }
 
 
-def read_json(path, default=None):
+def read_json(path):
+    """The file's JSON, None when there is no file."""
     if not os.path.isfile(path):
-        return default
+        return None
     with open(path) as f:
         return json.load(f)
 
@@ -81,14 +82,16 @@ def store_shards(store: str) -> list:
             for p in sorted(glob.glob(os.path.join(store, "responses", f"{kind}-[0-9][0-9][0-9].jsonl.gz")))]
 
 
-def response_tokens(paths) -> tuple:
-    sequences = tokens = 0
+def chunk_size(paths) -> tuple:
+    """(sequences, response tokens, all tokens) of the shards, read once."""
+    sequences = responses = tokens = 0
     for path in paths:
         with gzip.open(path, "rt") as f:
             for line in f:
-                sequences += 1
-                tokens += sum(json.loads(line)["loss_mask"])
-    return sequences, tokens
+                record = json.loads(line)
+                sequences, responses = sequences + 1, responses + sum(record["loss_mask"])
+                tokens += len(record["input_ids"])
+    return sequences, responses, tokens
 
 
 def new_ledger(store: str, settings: dict) -> dict:
@@ -299,9 +302,9 @@ def run_round(args, overrides: dict) -> bool:
         return True
     os.makedirs(work, exist_ok=True)
     log = lambda message: print(message, flush=True)  # noqa: E731
-    seqs, tokens = response_tokens(configs[next(iter(configs))]["data"])
+    seqs, responses, total = chunk_size(configs[next(iter(configs))]["data"])
     log(f"== round {plan['round']} ({plan['stage']}): chunk {plan['chunk']} of {ledger['settings']['chunks']}, "
-        f"{len(plan['shards'])} shards, {seqs} sequences, {tokens} response tokens")
+        f"{len(plan['shards'])} shards, {seqs} sequences, {responses} response tokens")
     # pilots of every block and the base are compared on the draft positions the smallest block has
     positions = min(ledger["settings"]["block_choices"]) - 1
     record = {"round": plan["round"], "chunk": plan["chunk"], "stage": plan["stage"], "shards": plan["shards"],
@@ -310,7 +313,6 @@ def run_round(args, overrides: dict) -> bool:
     features_run = dict(next(iter(configs.values())), out=os.path.join(work, "feature-pass"), max_steps=0,
                         patience=None)
     record["feature_seconds"] = train(features_run, work, log)
-    total = sum(len(json.loads(line)["input_ids"]) for path in features_run["data"] for line in gzip.open(path, "rt"))
     log(f"== features: {total} tokens in {record['feature_seconds']:.0f} s "
         f"({total / record['feature_seconds']:.0f} tokens/s with the target load and a held-out pass)")
     for name, config in configs.items():
