@@ -7,7 +7,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2"))
-from train_round import DEFAULT_SETTINGS, conclude, data_sh_shards, round_plan  # noqa: E402
+from train_round import DEFAULT_SETTINGS, amend_settings, conclude, data_sh_shards, round_plan  # noqa: E402
 
 SHIP = "ship"
 
@@ -131,3 +131,26 @@ def test_the_ledger_names_every_shard_data_sh_makes_from_its_prompt_lists(tmp_pa
     # 200 sequences a shard: 3 math shards; code, 3 samples a prompt: 67 prompts a shard
     assert data_sh_shards(str(tmp_path)) == ["math-000.jsonl.gz", "math-001.jsonl.gz", "math-002.jsonl.gz",
                                              "code-000.jsonl.gz", "code-001.jsonl.gz", "chat-000.jsonl.gz"]
+
+
+def test_amended_settings_rule_the_next_rounds_and_the_ledger_keeps_what_changed_and_why():
+    book = ledger(base_steps=1200)
+    finish(book, {"baseline-dflash-k1": measured(9.0, 9.0)}, {"L2-B8": {"estimated_tau": 1.0}})
+    record = amend_settings(book, {"base_steps": 3000}, "the held-out loss still fell at the round's end")
+    assert record == {"from_round": 1, "date": record["date"], "why": "the held-out loss still fell at the round's end",
+                      "changes": {"base_steps": {"old": 1200, "new": 3000}}}
+    assert book["amended"] == [record] and book["settings"]["base_steps"] == 3000
+    from train_round import run_config
+    plan = round_plan(book, SHIP)
+    config = run_config(book, plan, "base", plan["runs"]["base"], "work", "store", "features", SHIP)
+    assert config["max_steps"] == 3000
+
+
+@pytest.mark.parametrize("changes, why, message", [({"base_step": 1}, "typo", "unknown settings"),
+                                                   ({"base_steps": 3000}, " ", "needs --why")])
+def test_a_bad_amendment_is_refused_and_changes_nothing(changes, why, message):
+    book = ledger()
+    before = copy.deepcopy(book)
+    with pytest.raises(ValueError, match=message):
+        amend_settings(book, changes, why)
+    assert book == before

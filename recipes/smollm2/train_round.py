@@ -21,6 +21,9 @@ seed. Its runs depend on the stage:
   arms    dflash-k1 (NLL with distillation) and dblast-k4 (K = 4 head, accepted-length
           surrogate), each from its shipped drafter (the first arm round from the base, i.e.
           the shipped dflash-k1 as the base stage left it), equal data and `arm_steps` steps.
+A ledger's settings may be changed between rounds (--amend with --why: the change, the round it
+takes effect from and the reason are kept in the ledger's `amended` list); a round reads them
+when it starts.
 Each run measures its start on the held-out split (step 0) and stops early after `patience`
 checkpoints without a lower held-out loss; its final drafter is its best checkpoint. It
 improved when that loss is lower than at its start; a stage (the base, or an arm) is done when
@@ -28,6 +31,7 @@ a round improves it by less than `min_gain` (relative), or after `max_rounds` ro
 
     python recipes/smollm2/train_round.py                 # the next round
     python recipes/smollm2/train_round.py --plan          # what the next round would do
+    python recipes/smollm2/train_round.py --amend '{"base_steps": 3000}' --why "..."
 """
 import argparse
 import datetime
@@ -105,6 +109,22 @@ def new_ledger(store: str, settings: dict) -> dict:
     return {"settings": settings, "shards": shards, "heldout": "heldout.jsonl.gz", "choice": None, "stage": "pilots",
             "baseline": None, "shipped": {arm: None for arm in ARMS}, "arms_from_round": None, "done": [],
             "rounds": []}
+
+
+def amend_settings(ledger: dict, changes: dict, why: str) -> dict:
+    """Changes the settings of an existing ledger from its next round on, and records what
+    changed (old and new values), from which round and why; returns that record."""
+    unknown = sorted(set(changes) - set(DEFAULT_SETTINGS))
+    if unknown:
+        raise ValueError(f"--amend: unknown settings {unknown}; known: {sorted(DEFAULT_SETTINGS)}")
+    if not why.strip():
+        raise ValueError("--amend needs --why: the ledger keeps the reason for every change")
+    settings = ledger["settings"]
+    record = {"from_round": len(ledger["rounds"]), "date": datetime.date.today().isoformat(), "why": why.strip(),
+              "changes": {key: {"old": settings.get(key), "new": value} for key, value in sorted(changes.items())}}
+    settings.update(changes)
+    ledger.setdefault("amended", []).append(record)
+    return record
 
 
 def data_sh_shards(store: str) -> list:
@@ -266,10 +286,24 @@ def main() -> int:
     parser.add_argument("--ship-dir", default=SHIP_DIR, help="where improved drafters are shipped")
     parser.add_argument("--settings", default="{}", help="JSON overrides of the settings of a NEW ledger")
     parser.add_argument("--plan", action="store_true", help="print the next round's plan and stop")
+    parser.add_argument("--amend", metavar="JSON", help="change settings of the existing ledger from its next round "
+                        "on (with --why), then stop")
+    parser.add_argument("--why", default="", help="the reason for --amend, kept in the ledger")
     parser.add_argument("--rounds", type=int, default=1, help="rounds to run (stops early once training is done)")
     args = parser.parse_args()
     if args.settings != "{}" and os.path.isfile(args.ledger):
         parser.error(f"--settings applies to a new ledger only; {args.ledger} has its own")
+    if args.amend is not None:
+        ledger = read_json(args.ledger)
+        if ledger is None:
+            parser.error(f"--amend changes an existing ledger; {args.ledger} does not exist (use --settings)")
+        try:
+            record = amend_settings(ledger, json.loads(args.amend), args.why)
+        except ValueError as error:
+            parser.error(str(error))
+        write_json(args.ledger, ledger)
+        print(json.dumps(record, indent=1))
+        return 0
     overrides = json.loads(args.settings)
     unknown = sorted(set(overrides) - set(DEFAULT_SETTINGS))
     if unknown:
