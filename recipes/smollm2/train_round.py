@@ -279,11 +279,13 @@ def copy_logs(out: str, logs: str, prefix: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--store", default=os.path.join(HERE, "data"), help="data.sh's store")
-    parser.add_argument("--ledger", default=os.path.join(HERE, "training", "ledger.json"))
-    parser.add_argument("--logs", default=os.path.join(HERE, "logs", "5x"), help="where the runs' logs are kept")
-    parser.add_argument("--work", default=os.path.join(ROOT, "runs", "smollm2-5x"), help="scratch: runs, features")
-    parser.add_argument("--ship-dir", default=SHIP_DIR, help="where improved drafters are shipped")
+    # relative to where it runs, so the runs' configs and logs name no machine's folders
+    here = lambda *parts: os.path.relpath(os.path.join(*parts))  # noqa: E731
+    parser.add_argument("--store", default=here(HERE, "data"), help="data.sh's store")
+    parser.add_argument("--ledger", default=here(HERE, "training", "ledger.json"))
+    parser.add_argument("--logs", default=here(HERE, "logs", "5x"), help="where the runs' logs are kept")
+    parser.add_argument("--work", default=here(ROOT, "runs", "smollm2-5x"), help="scratch: runs, features")
+    parser.add_argument("--ship-dir", default=here(SHIP_DIR), help="where improved drafters are shipped")
     parser.add_argument("--settings", default="{}", help="JSON overrides of the settings of a NEW ledger")
     parser.add_argument("--plan", action="store_true", help="print the next round's plan and stop")
     parser.add_argument("--amend", metavar="JSON", help="change settings of the existing ledger from its next round "
