@@ -34,9 +34,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prompts", type=int, default=len(DEMO_PROMPTS),
                    help=f"how many of the {len(DEMO_PROMPTS)} built-in prompts to answer (default %(default)s)")
     p.add_argument("--block-size", type=int, default=None,
-                   help="draft blocks of this length instead of the trained 16 (a shorter block verifies fewer "
-                        "tokens per target pass, which pays on a CPU where a pass costs in proportion to its length; "
-                        "default: the fastest measured on this device, dblast_ext.fastest_settings)")
+                   help="draft blocks of this length instead of the drafter's trained one (a shorter block "
+                        "verifies fewer tokens per target pass, which pays on a CPU where a pass costs in "
+                        "proportion to its length; default: the fastest measured on this device, "
+                        "dblast_ext.fastest_settings)")
     add_draft_vocab_arg(p)
     add_verify_args(p)
     p.add_argument("--no-compare", action="store_true", help="skip the target-only runs (no speed-up figure)")
