@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# A quick look at a newly shipped drafter between training rounds, on idle cores: its committed
+# length per target pass on GSM8K against the drafter it replaced (the installed package's copy,
+# still the old one until reinstalled), same prompts and seeds, then `dblast demo` with it.
+# Not the evaluation (recipes/smollm2/eval.sh): fewer prompts, one temperature, every response
+# counted, both drafters at the inference block of the fastest settings (8).
+#   bash recipes/smollm2/check_shipped.sh dflash-k1 > recipes/smollm2/logs/check-shipped-<date>.log
+# Environment: PROMPTS (20), T (0.7, with top-p 0.8 and top-k 20), MAX_NEW_TOKENS (256), DEMO (1; 0: no
+# demo), OUT (runs/check-shipped).
+# Needs the source tree importable (PYTHONPATH=. with the compiled library beside it, or an
+# editable install) for the new drafter, and the older install in the venv for the old one.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ARM=${1:?which embedded drafter: dflash-k1 or dblast-k4}
+PROMPTS=${PROMPTS:-20} T=${T:-0.7} OUT=${OUT:-runs/check-shipped} MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
+echo "# bash recipes/smollm2/check_shipped.sh $ARM; $(nproc) cores, $(date -u +%Y-%m-%dT%H:%M)Z"
+args=(eval --drafter "$ARM" --datasets gsm8k --num-prompts "$PROMPTS" --temperature "$T" --top-p 0.8 --top-k 20
+      --max-new-tokens "$MAX_NEW_TOKENS" --block-size 8 --all-responses --batch-size 8 --no-progress)
+# the two acceptance runs share the cores (no timings), one thread each
+(cd / && OMP_NUM_THREADS=1 PYTHONPATH= dblast "${args[@]}" --out "$OLDPWD/$OUT/old-$ARM" > "$OLDPWD/$OUT-old.log" 2>&1) &
+OMP_NUM_THREADS=1 PYTHONPATH=. dblast "${args[@]}" --out "$OUT/new-$ARM" > "$OUT-new.log" 2>&1
+wait
+for which in old new; do
+  echo "== $which $ARM: GSM8K, T $T, $PROMPTS prompts"
+  python -c "import json, sys; s = json.load(open(sys.argv[1])); g = s['datasets']['gsm8k']
+print({'drafter_digest': s['settings']['drafter_digest'],
+       **{k: g[k] for k in ('tau', 'tau_ci', 'expected_accepted', 'histogram', 'n_responses', 'n_eos_terminated')}})" \
+    "$OUT/$which-$ARM/summary.json"
+done
+[[ ${DEMO:-1} == 1 ]] || exit 0
+echo "== dblast demo --drafter $ARM (the new one; idle cores)"
+PYTHONPATH=. dblast demo --drafter "$ARM"
