@@ -111,12 +111,17 @@ def new_ledger(store: str, settings: dict) -> dict:
             "rounds": []}
 
 
+def check_setting_names(settings: dict, flag: str) -> None:
+    """A ValueError naming `flag` when `settings` has a key the recipe does not know."""
+    unknown = sorted(set(settings) - set(DEFAULT_SETTINGS))
+    if unknown:
+        raise ValueError(f"{flag}: unknown settings {unknown}; known: {sorted(DEFAULT_SETTINGS)}")
+
+
 def amend_settings(ledger: dict, changes: dict, why: str) -> dict:
     """Changes the settings of an existing ledger from its next round on, and records what
     changed (old and new values), from which round and why; returns that record."""
-    unknown = sorted(set(changes) - set(DEFAULT_SETTINGS))
-    if unknown:
-        raise ValueError(f"--amend: unknown settings {unknown}; known: {sorted(DEFAULT_SETTINGS)}")
+    check_setting_names(changes, "--amend")
     if not why.strip():
         raise ValueError("--amend needs --why: the ledger keeps the reason for every change")
     settings = ledger["settings"]
@@ -307,9 +312,10 @@ def main() -> int:
         print(json.dumps(record, indent=1))
         return 0
     overrides = json.loads(args.settings)
-    unknown = sorted(set(overrides) - set(DEFAULT_SETTINGS))
-    if unknown:
-        parser.error(f"--settings: unknown {unknown}; known: {sorted(DEFAULT_SETTINGS)}")
+    try:
+        check_setting_names(overrides, "--settings")
+    except ValueError as error:
+        parser.error(str(error))
     for _ in range(max(1, args.rounds)):
         if not run_round(args, overrides) or args.plan:
             break
