@@ -1,24 +1,41 @@
 #!/usr/bin/env bash
 # A quick look at a newly shipped drafter between training rounds, on idle cores: its committed
-# length per target pass on GSM8K against the drafter it replaced (the installed package's copy,
-# still the old one until reinstalled), same prompts and seeds, then `dblast demo` with it.
+# length per target pass on GSM8K against the drafter it replaced, same prompts and seeds, then
+# `dblast demo` with it. The drafter it replaced is read from git: HEAD's copy while the new one is
+# not committed yet, else the copy before the commit that last changed it (OLD_REV overrides).
 # Not the evaluation (recipes/smollm2/eval.sh): fewer prompts, one temperature, every response
 # counted, both drafters at the inference block of the fastest settings (8).
 #   bash recipes/smollm2/check_shipped.sh dflash-k1 > recipes/smollm2/logs/check-shipped-<date>.log
 # Environment: PROMPTS (20), T (0.7, with top-p 0.8 and top-k 20), MAX_NEW_TOKENS (256), DEMO (1; 0: no
-# demo), OUT (runs/check-shipped).
+# demo), OUT (runs/check-shipped), OLD_REV (a git revision holding the old drafter).
 # Needs the source tree importable (PYTHONPATH=. with the compiled library beside it, or an
-# editable install) for the new drafter, and the older install in the venv for the old one.
+# editable install): the new drafter is the working tree's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ARM=${1:?which embedded drafter: dflash-k1 or dblast-k4}
 PROMPTS=${PROMPTS:-20} T=${T:-0.7} OUT=${OUT:-runs/check-shipped} MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
+FOLDER=dblast_ext/drafters/smollm2-135m-instruct/$ARM
+[[ -d $FOLDER ]] || { echo "no embedded drafter $ARM in $FOLDER"; exit 2; }
+if [[ -z ${OLD_REV:-} ]]; then
+  if git diff --quiet HEAD -- "$FOLDER"; then
+    OLD_REV=$(git log -n1 --format=%H -- "$FOLDER")^
+  else
+    OLD_REV=HEAD
+  fi
+fi
+OLD_DRAFTER=$OUT/old-$ARM-checkpoint
+rm -rf "$OLD_DRAFTER" && mkdir -p "$OLD_DRAFTER"
+for f in config.json model.safetensors; do
+  git show "$OLD_REV:$FOLDER/$f" > "$OLD_DRAFTER/$f"
+done
+OLD_DRAFTER=$(cd "$OLD_DRAFTER" && pwd)
 echo "# bash recipes/smollm2/check_shipped.sh $ARM; $(nproc) cores, $(date -u +%Y-%m-%dT%H:%M)Z"
-args=(eval --drafter "$ARM" --datasets gsm8k --num-prompts "$PROMPTS" --temperature "$T" --top-p 0.8 --top-k 20
+echo "# old: $ARM at $(git rev-parse --short "$OLD_REV"); new: the working tree's"
+args=(eval --datasets gsm8k --num-prompts "$PROMPTS" --temperature "$T" --top-p 0.8 --top-k 20
       --max-new-tokens "$MAX_NEW_TOKENS" --block-size 8 --all-responses --batch-size 8 --no-progress)
 # the two acceptance runs share the cores (no timings), one thread each
-(cd / && OMP_NUM_THREADS=1 PYTHONPATH= dblast "${args[@]}" --out "$OLDPWD/$OUT/old-$ARM" > "$OLDPWD/$OUT-old.log" 2>&1) &
-OMP_NUM_THREADS=1 PYTHONPATH=. dblast "${args[@]}" --out "$OUT/new-$ARM" > "$OUT-new.log" 2>&1
+OMP_NUM_THREADS=1 PYTHONPATH=. dblast "${args[@]}" --drafter "$OLD_DRAFTER" --out "$OUT/old-$ARM" > "$OUT-old.log" 2>&1 &
+OMP_NUM_THREADS=1 PYTHONPATH=. dblast "${args[@]}" --drafter "$ARM" --out "$OUT/new-$ARM" > "$OUT-new.log" 2>&1
 wait
 for which in old new; do
   echo "== $which $ARM: GSM8K, T $T, $PROMPTS prompts"
