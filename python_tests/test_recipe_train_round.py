@@ -146,6 +146,37 @@ def test_amended_settings_rule_the_next_rounds_and_the_ledger_keeps_what_changed
     assert config["max_steps"] == 3000
 
 
+def test_the_base_ends_after_max_base_rounds_even_while_improving():
+    book = ledger(max_base_rounds=2)
+    finish(book, {"baseline-dflash-k1": measured(9.0, 9.0)}, {"L2-B8": {"estimated_tau": 1.0}})
+    finish(book, {"base": measured(12.0, 6.0, tau=0.8)})
+    assert book["stage"] == "base"
+    finish(book, {"base": measured(6.0, 5.0)})  # 17% better, but the base had its 2 rounds
+    assert book["stage"] == "arms" and book["arms_from_round"] == 3
+
+
+def test_amending_max_base_rounds_to_the_rounds_run_starts_the_arms_at_once():
+    book = ledger()
+    finish(book, {"baseline-dflash-k1": measured(9.0, 9.0)}, {"L2-B8": {"estimated_tau": 1.0}})
+    for _ in range(3):
+        finish(book, {"base": measured(12.0, 6.0, tau=0.8)})
+    assert book["stage"] == "base"
+    record = amend_settings(book, {"max_base_rounds": 3}, "give dblast-k4 the remaining rounds")
+    assert record["stage"] == {"old": "base", "new": "arms"}
+    assert book["stage"] == "arms" and book["arms_from_round"] == 4
+    plan = round_plan(book, SHIP)
+    assert plan["stage"] == "arms" and {arm: run["init"] for arm, run in plan["runs"].items()} == \
+        {"dflash-k1": os.path.join(SHIP, "dflash-k1"), "dblast-k4": os.path.join(SHIP, "dflash-k1")}
+
+
+def test_an_amendment_that_leaves_the_base_its_rounds_keeps_the_stage():
+    book = ledger()
+    finish(book, {"baseline-dflash-k1": measured(9.0, 9.0)}, {"L2-B8": {"estimated_tau": 1.0}})
+    finish(book, {"base": measured(12.0, 6.0, tau=0.8)})
+    record = amend_settings(book, {"max_base_rounds": 3}, "a cap above the rounds run")
+    assert "stage" not in record and book["stage"] == "base"
+
+
 @pytest.mark.parametrize("changes, why, message", [({"base_step": 1}, "typo", "unknown settings"),
                                                    ({"base_steps": 3000}, " ", "needs --why")])
 def test_a_bad_amendment_is_refused_and_changes_nothing(changes, why, message):

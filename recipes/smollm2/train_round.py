@@ -27,7 +27,10 @@ when it starts.
 Each run measures its start on the held-out split (step 0) and stops early after `patience`
 checkpoints without a lower held-out loss; its final drafter is its best checkpoint. It
 improved when that loss is lower than at its start; a stage (the base, or an arm) is done when
-a round improves it by less than `min_gain` (relative), or after `max_rounds` rounds.
+a round improves it by less than `min_gain` (relative), or after `max_rounds` rounds
+(`max_base_rounds` for the base). The dflash-k1 arm goes on with the base's objective, so
+ending the base early (an amended `max_base_rounds`, which takes effect at once) costs
+dflash-k1 nothing and gives dblast-k4 its rounds sooner.
 
     python recipes/smollm2/train_round.py                 # the next round
     python recipes/smollm2/train_round.py --plan          # what the next round would do
@@ -60,7 +63,7 @@ DEFAULT_SETTINGS = {
     "layers_choices": [2, 3], "block_choices": [8, 16],
     "batch_size": 4, "num_anchors": 16, "distill_weight": 0.5, "decay": 7, "save_every": 150, "patience": 3,
     "target_layer_ids": [1, 8, 14, 21, 27], "lr_scratch": 1e-3, "lr_continue": 3e-4, "tau": 0.1,
-    "min_gain": 0.01, "max_rounds": 8,
+    "min_gain": 0.01, "max_rounds": 8, "max_base_rounds": 8,
 }
 
 
@@ -128,8 +131,24 @@ def amend_settings(ledger: dict, changes: dict, why: str) -> dict:
     record = {"from_round": len(ledger["rounds"]), "date": datetime.date.today().isoformat(), "why": why.strip(),
               "changes": {key: {"old": settings.get(key), "new": value} for key, value in sorted(changes.items())}}
     settings.update(changes)
+    if ledger["stage"] == "base" and base_is_done(ledger):  # e.g. max_base_rounds cut to the rounds already run
+        ledger["stage"], ledger["arms_from_round"] = "arms", len(ledger["rounds"])
+        record["stage"] = {"old": "base", "new": "arms"}
     ledger.setdefault("amended", []).append(record)
     return record
+
+
+def base_rounds(ledger: dict) -> int:
+    return sum(1 for r in ledger["rounds"] if r["stage"] == "base")
+
+
+def base_is_done(ledger: dict, gain: float = None) -> bool:
+    """Whether the base stage ends: a dflash-k1 of this recipe is shipped, and the last round
+    gained less than min_gain (`gain`, when a round has just ended) or the base had its rounds."""
+    s = ledger["settings"]
+    limit = min(s["max_rounds"], s.get("max_base_rounds", s["max_rounds"]))
+    return ledger["shipped"]["dflash-k1"] is not None and (
+        (gain is not None and gain < s["min_gain"]) or base_rounds(ledger) >= limit)
 
 
 def data_sh_shards(store: str) -> list:
@@ -228,11 +247,11 @@ def conclude(ledger: dict, plan: dict, record: dict, pilots: dict) -> list:
         if better:
             ship.append(("base", "dflash-k1"))
             ledger["shipped"]["dflash-k1"] = plan["round"]
-        rounds = sum(1 for r in ledger["rounds"] if r["stage"] == "base") + 1
+        rounds = base_rounds(ledger) + 1
         if ledger["shipped"]["dflash-k1"] is None:
             if rounds >= s["max_rounds"]:   # never beat the first recipe's drafter: nothing to build arms on
                 ledger["stage"], ledger["note"] = "done", f"the base did not beat the baseline in {rounds} rounds"
-        elif gain < s["min_gain"] or rounds >= s["max_rounds"]:
+        elif base_is_done({**ledger, "rounds": ledger["rounds"] + [record]}, gain):
             ledger["stage"], ledger["arms_from_round"] = "arms", plan["round"] + 1
     elif stage == "arms":
         for arm in plan["runs"]:
