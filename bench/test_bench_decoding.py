@@ -17,15 +17,14 @@ import torch
 pytest.importorskip("transformers")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python_tests"))
 
-from dblast_ext import DBlastDrafter, DrafterConfig, load_drafter  # noqa: E402
+from dblast_ext import load_drafter  # noqa: E402
 from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
 from tiny_models import tiny_target, write_dflash_checkpoint  # noqa: E402
 
+import qwen3_8b_shape  # noqa: E402  (bench/)
+
 PROMPT = [3, 17, 42, 8, 25, 61, 9, 77]
 BRANCHES = [1, 2, 4, 8]
-QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
-                tie_word_embeddings=False, rope_theta=1e6)
 
 
 def record_cycles(benchmark, out):
@@ -52,24 +51,7 @@ def test_decode_cycle(benchmark, tmp_path, branches, impl):
 
 @pytest.fixture(scope="module")
 def qwen3_8b_pair():
-    """A Qwen3-8B-shaped target and a 5-layer drafter reading its layers 1, 9, 17, 25, 33
-    (the public DFlash Qwen3-8B layout), random bf16 weights on the GPU (about 18 GB)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            target = Qwen3ForCausalLM(Qwen3Config(**QWEN3_8B)).eval()
-            config = DrafterConfig(hidden_size=4096, intermediate_size=12288, num_hidden_layers=5,
-                                   num_attention_heads=32, num_key_value_heads=8, head_dim=128, block_size=16,
-                                   num_target_layers=36, target_layer_ids=[1, 9, 17, 25, 33],
-                                   mask_token_id=151669, vocab_size=151936)
-            drafter = DBlastDrafter(config).eval()
-    finally:
-        torch.set_default_dtype(default)
-    return target, drafter
+    return qwen3_8b_shape.qwen3_8b_pair()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (about 18 GB)")

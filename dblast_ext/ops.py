@@ -20,8 +20,8 @@ __all__ = ["branch_verify", "mixture_verify", "sample_tokens", "branch_argmax", 
            "BranchArgmax", "SampledTokens", "CPU_ONLY_OPS"]
 
 # Ops with a CPU kernel only, not yet run on a GPU (no CUDA kernel lands untested): on CUDA
-# tensors their wrapper runs the reference on the device, exact and slower.
-CPU_ONLY_OPS = ("sample_tokens",)
+# tensors their wrapper runs the reference on the device, exact and slower. None at present.
+CPU_ONLY_OPS = ()
 
 
 def branch_verify(target_logits: torch.Tensor, branch_tokens: torch.Tensor, branch_prior: torch.Tensor,
@@ -94,7 +94,6 @@ def sample_tokens(logits: torch.Tensor, uniforms: Optional[torch.Tensor] = None,
             before the kernel runs.
 
     Returns SampledTokens(tokens [R] int64, query_probs [R, C] float32).
-    CUDA tensors run dblast_ext.reference.sample_tokens on the device (CPU_ONLY_OPS).
     """
     if uniforms is None:
         if logits.dim() != 2:
@@ -103,27 +102,8 @@ def sample_tokens(logits: torch.Tensor, uniforms: Optional[torch.Tensor] = None,
     if query_tokens is None:
         query_tokens = torch.empty(logits.shape[0] if logits.dim() else 0, 0, dtype=torch.int64,
                                    device=logits.device)
-    if logits.device.type != "cpu":
-        _sample_tokens_fake(logits, uniforms, float(temperature), int(top_k), float(top_p), query_tokens, validate)
-        if validate:
-            _check_sample_tokens_values(logits, uniforms, query_tokens)
-        from . import reference
-        return reference.sample_tokens(logits, uniforms, temperature=temperature, top_k=top_k, top_p=top_p,
-                                       query_tokens=query_tokens)
     return SampledTokens(*torch.ops.dblast.sample_tokens(logits, uniforms, float(temperature), int(top_k),
                                                          float(top_p), query_tokens, bool(validate)))
-
-
-def _check_sample_tokens_values(logits, uniforms, query_tokens) -> None:
-    """The kernel's value checks, for the device path that runs the reference (one sync)."""
-    vocab = logits.shape[1]
-    flags = torch.stack([torch.isfinite(logits).all(), ((uniforms >= 0) & (uniforms < 1)).all(),
-                         ((query_tokens >= -1) & (query_tokens < vocab)).all()]).tolist()
-    messages = ["logits contains NaN or infinite values", "uniforms must lie in [0, 1)",
-                f"query_tokens has entries outside [-1, {vocab}) (-1: no query)"]
-    for ok, message in zip(flags, messages):
-        if not ok:
-            raise ValueError(message)
 
 
 def branch_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor, expander_weight: Optional[torch.Tensor] = None,

@@ -43,6 +43,22 @@ def test_every_op_has_cpu_and_fake_kernels(op):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA")
 
 
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
+def test_the_library_uses_the_processs_libstdcxx():
+    """No part of libstdc++ is linked into the op library: toolchains whose libstdc++ is newer
+    than the system's (a devtoolset-style gcc) link its newer pieces statically, and an error
+    message that formats a number then runs another copy of the stream and locale code than
+    torch's and crashes the process (seen on a lent GPU machine, bench/device_runs/2026-12-04-run1)."""
+    from dblast_ext import _C
+    symbols = subprocess.run(["nm", "-C", "--defined-only", _C.__file__], capture_output=True, text=True,
+                             check=True).stdout
+    # libstdc++ instantiates these in its shared library alone (extern templates): a definition
+    # here means a static copy of the library's stream and locale code
+    linked = [line for line in symbols.splitlines() if re.search(r"std::codecvt<|::_M_insert<|std::locale::", line)]
+    assert not linked, f"{len(linked)} libstdc++ symbols defined in {os.path.basename(_C.__file__)}, e.g. " \
+                       f"{linked[:3]}; build with the system compiler (CC/CXX)"
+
+
 def test_import_against_another_torch_says_how_to_rebuild():
     script = textwrap.dedent("""
         import torch

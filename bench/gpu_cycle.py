@@ -1,0 +1,278 @@
+"""The decode cycle's GPU figures (issue 25) at the Qwen3-8B shape, random bf16 weights:
+  - one target forward over [anchor, block] after a 512-token prompt (the loop's own cache),
+    the floor a cycle is compared with;
+  - the cycle time at batch 1 for K = 1 and K = 4 (interleaved repeats, medians), so the
+    overhead of K branches and the cycle / target-forward ratio;
+  - the host synchronisations per cycle and per target-alone token
+    (torch.cuda.set_sync_debug_mode), with the source lines that cause them;
+  - tokens per second at batch 1, 8, 32: speculative (generate_batch) against the target alone
+    batched the same way (generate_autoregressive_batch).
+Random weights accept almost nothing, so the batch figures compare cycle costs (about one
+token per cycle), not speed-ups of a trained pair.
+
+    python bench/gpu_cycle.py --out DIR            (a GPU with about 25 GB free)
+    python bench/gpu_cycle.py --out DIR --tiny     (a tiny random pair, any device: a dry run)
+Writes gpu_cycle.json and gpu_cycle.md under --out.
+"""
+import argparse
+import collections
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from datetime import datetime, timezone
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python_tests"))
+
+from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--tiny", action="store_true", help="a tiny random pair instead of the Qwen3-8B shape")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=64, help="per batch-1 run")
+    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--batch-new-tokens", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3)
+    return p.parse_args()
+
+
+def make_pair(args):
+    if args.tiny:
+        from dblast_ext import load_drafter
+        from tiny_models import tiny_target, write_dflash_checkpoint
+        target = tiny_target("qwen3").to(args.device)
+        drafter = load_drafter(write_dflash_checkpoint(os.path.join(tempfile.mkdtemp(), "d"), block_size=16),
+                               target=target).to(args.device)
+        return target, drafter
+    import qwen3_8b_shape
+    return qwen3_8b_shape.qwen3_8b_pair(args.device)
+
+
+def synchronize(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def wall(fn, device):
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def random_prompts(count, length, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (length,), generator=g).tolist() for _ in range(count)]
+
+
+@torch.inference_mode()
+def target_block_forward_ms(adapter, prompt, block, device, repeats=20):
+    """One forward of the target alone over block + 1 tokens after the prompt, through the
+    loop's own cache (TargetAdapter), logits only, cropped back each time."""
+    cache = adapter.new_cache()
+    adapter.forward(torch.tensor([prompt], device=device), cache, hidden_states=False, last_logits_only=True)
+    step = torch.randint(0, adapter.vocab_size, (1, block + 1), device=device)
+    times = []
+    for i in range(repeats + 3):
+        _, seconds = wall(lambda: adapter.forward(step, cache, hidden_states=False), device)
+        adapter.crop(cache, len(prompt))
+        if i >= 3:
+            times.append(seconds)
+    return 1e3 * statistics.median(times)
+
+
+def cycle_times(decoders, prompt, sampling, new_tokens, repeats, device):
+    """Per-cycle milliseconds of each decoder at batch 1, repeats interleaved (drift hits all)."""
+    per_cycle = {name: [] for name in decoders}
+    cycles = {}
+    for rep in range(repeats + 1):
+        for name, dec in decoders.items():
+            out, seconds = wall(lambda: dec.generate_batch([prompt], sampling, new_tokens, seeds=[0])[0], device)
+            if rep:  # the first round warms up
+                per_cycle[name].append(1e3 * seconds / len(out.cycles))
+                cycles[name] = len(out.cycles)
+    return {name: dict(cycle_ms=statistics.median(ms), cycles=cycles[name], runs_ms=[round(m, 3) for m in ms])
+            for name, ms in per_cycle.items()}
+
+
+def count_syncs(fn):
+    """Host synchronisations inside fn (CUDA's sync debug mode), by the source line that caused them."""
+    where = collections.Counter()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            where[f"{short_path(w.filename)}:{w.lineno}"] += 1
+    return out, where
+
+
+def short_path(filename: str) -> str:
+    """A source file as a reader finds it: in this repository, or in a package (no machine paths)."""
+    root = os.path.dirname(HERE)
+    if filename.startswith(root + os.sep):
+        return os.path.relpath(filename, root)
+    marker = "site-packages" + os.sep
+    return filename.split(marker, 1)[1] if marker in filename else os.path.basename(filename)
+
+
+def graph_probe(device, repeats=50):
+    """Whether branch_verify (validate=False: no host reads) can be captured in a CUDA graph and
+    replayed with the eager call's outputs, and the time of each (the launch overhead a graph
+    removes). Issue 25's graph path would capture the whole verify step the same way."""
+    from dblast_ext import ops
+    from verify_cases import FilterSettings, make_branch_case, to_device
+    settings = FilterSettings(1.0, 20, 0.95)
+    case = to_device(make_branch_case(1, 4, 15, 151936, settings, torch.Generator().manual_seed(1), torch.bfloat16),
+                     device)
+    call = lambda: ops.branch_verify(**case, **settings.kwargs(), validate=False)  # noqa: E731
+    eager = call()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # warm-up on the capture stream, as torch.cuda.graphs asks
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    same = all(torch.equal(a, b) for a, b in zip(eager, captured))
+
+    def per_call(fn):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / repeats
+
+    return dict(outputs_equal=same, eager_ms=per_call(call), replay_ms=per_call(graph.replay))
+
+
+def batch_speeds(dec, prompts, sampling, new_tokens, device):
+    rows = {}
+    for name, run in (("speculative", dec.generate_batch), ("target alone", dec.generate_autoregressive_batch)):
+        outs, seconds = wall(lambda: run(prompts, sampling, new_tokens, seeds=list(range(len(prompts)))), device)
+        tokens = sum(len(o.token_ids) for o in outs)
+        rows[name] = dict(tokens=tokens, seconds=round(seconds, 4), tokens_per_s=tokens / seconds)
+        if name == "speculative":
+            rows[name]["cycles"] = max(len(o.cycles) for o in outs)
+    rows["ratio"] = rows["speculative"]["tokens_per_s"] / rows["target alone"]["tokens_per_s"]
+    return rows
+
+
+def main():
+    args = parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    device = args.device
+    target, drafter = make_pair(args)
+    vocab, block = target.config.vocab_size, drafter.config.block_size
+    four = copy.deepcopy(drafter)
+    four.add_branch_head(4, generator=torch.Generator().manual_seed(4))
+    four.to(device=device)
+    decoders = {"K=1": SpeculativeDecoder(target, drafter), "K=4": SpeculativeDecoder(target, four)}
+    sampling = SamplingParams(1.0)
+    prompt = random_prompts(1, args.prompt_len, min(vocab, 151000), seed=0)[0]
+    result = dict(date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), torch=torch.__version__,
+                  device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                  shape="tiny qwen3" if args.tiny else "Qwen3-8B", prompt_len=args.prompt_len, block=block,
+                  dtype=str(decoders["K=1"].target.dtype).replace("torch.", ""))
+    print(f"== {result['shape']} pair on {result['device']}", flush=True)
+
+    result["target_forward_ms"] = target_block_forward_ms(decoders["K=1"].target, prompt, block, device)
+    print(f"target forward over {block + 1} tokens: {result['target_forward_ms']:.2f} ms", flush=True)
+    result["cycles"] = cycle_times(decoders, prompt, sampling, args.new_tokens, args.repeats, device)
+    for name, row in result["cycles"].items():
+        print(f"cycle {name}: {row['cycle_ms']:.2f} ms over {row['cycles']} cycles {row['runs_ms']}", flush=True)
+    k1, k4 = (result["cycles"][k]["cycle_ms"] for k in ("K=1", "K=4"))
+    result["k4_overhead"] = k4 / k1 - 1
+    result["cycle_over_target_forward"] = k1 / result["target_forward_ms"]
+
+    if device == "cuda":
+        out, where = count_syncs(lambda: decoders["K=4"].generate_batch([prompt], sampling, args.new_tokens,
+                                                                        seeds=[0])[0])
+        alone, alone_where = count_syncs(lambda: decoders["K=4"].generate_autoregressive_batch(
+            [prompt], sampling, args.new_tokens, seeds=[0])[0])
+        result["syncs"] = dict(cycles=len(out.cycles), total=sum(where.values()),
+                               per_cycle=sum(where.values()) / len(out.cycles), where=dict(where.most_common(12)),
+                               target_alone_per_token=sum(alone_where.values()) / len(alone.token_ids),
+                               target_alone_where=dict(alone_where.most_common(6)))
+        print(f"host syncs: {result['syncs']['per_cycle']:.2f} per cycle ({dict(where.most_common(6))}); "
+              f"target alone {result['syncs']['target_alone_per_token']:.2f} per token", flush=True)
+
+        try:
+            result["graph"] = graph_probe(device)
+        except Exception as error:  # a failed capture is a finding, not the end of the run
+            result["graph"] = dict(error=f"{type(error).__name__}: {str(error)[:300]}")
+        print(f"branch_verify in a CUDA graph: {result['graph']}", flush=True)
+
+    result["batches"] = {}
+    for size in (int(b) for b in args.batches.split(",")):
+        prompts = random_prompts(size, args.prompt_len, min(vocab, 151000), seed=size)
+        if not result["batches"]:
+            batch_speeds(decoders["K=4"], prompts, sampling, 4, device)  # warm-up
+        rows = batch_speeds(decoders["K=4"], prompts, sampling, args.batch_new_tokens, device)
+        result["batches"][size] = rows
+        print(f"batch {size}: speculative {rows['speculative']['tokens_per_s']:.1f} tok/s, target alone "
+              f"{rows['target alone']['tokens_per_s']:.1f} tok/s ({rows['ratio']:.2f}x)", flush=True)
+
+    with open(os.path.join(args.out, "gpu_cycle.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(args.out, "gpu_cycle.md"), "w") as f:
+        f.write(markdown(result))
+    print(markdown(result))
+
+
+def markdown(r) -> str:
+    lines = [f"Machine: {r['device']}; torch {r['torch']}; date {r['date']}; {r['shape']} shape, random {r['dtype']} "
+             f"weights, {r['prompt_len']}-token prompt, block {r['block']}, T 1.0", "",
+             "| figure | value |", "| --- | ---: |",
+             f"| target forward over {r['block'] + 1} tokens (ms) | {r['target_forward_ms']:.2f} |"]
+    for name, row in r["cycles"].items():
+        lines.append(f"| cycle at batch 1, {name} (ms, median of {len(row['runs_ms'])} runs) | {row['cycle_ms']:.2f} |")
+    lines += [f"| K = 4 overhead over K = 1 | {100 * r['k4_overhead']:+.1f}% |",
+              f"| K = 1 cycle / target forward | {r['cycle_over_target_forward']:.2f}x |"]
+    if "syncs" in r:
+        s = r["syncs"]
+        lines += [f"| host syncs per cycle (K = 4) | {s['per_cycle']:.2f} |",
+                  f"| host syncs per token, target alone | {s['target_alone_per_token']:.2f} |"]
+    if "graph" in r:
+        g = r["graph"]
+        if "error" in g:
+            lines.append(f"| branch_verify in a CUDA graph | failed: {g['error']} |")
+        else:
+            differ = "" if g["outputs_equal"] else " (OUTPUTS DIFFER)"
+            lines.append(f"| branch_verify N=1 eager / CUDA-graph replay (ms) | "
+                         f"{g['eager_ms']:.3f} / {g['replay_ms']:.3f}{differ} |")
+    lines += ["", "| batch | speculative (tok/s) | target alone (tok/s) | ratio | cycles |",
+              "| ---: | ---: | ---: | ---: | ---: |"]
+    for size, row in r["batches"].items():
+        lines.append(f"| {size} | {row['speculative']['tokens_per_s']:.1f} | {row['target alone']['tokens_per_s']:.1f} "
+                     f"| {row['ratio']:.2f}x | {row['speculative']['cycles']} |")
+    if "syncs" in r:
+        lines += ["", "Host syncs by source line (K = 4 speculative run):", ""]
+        lines += [f"- `{where}`: {count}" for where, count in r["syncs"]["where"].items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
