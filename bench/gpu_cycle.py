@@ -44,7 +44,7 @@ def parse_args():
     p.add_argument("--new-tokens", type=int, default=64, help="per batch-1 run")
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--batch-new-tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5, help="interleaved batch-1 runs per K")
     return p.parse_args()
 
 
@@ -95,17 +95,24 @@ def target_block_forward_ms(adapter, prompt, block, device, repeats=20):
 
 
 def cycle_times(decoders, prompt, sampling, new_tokens, repeats, device):
-    """Per-cycle milliseconds of each decoder at batch 1, repeats interleaved (drift hits all)."""
-    per_cycle = {name: [] for name in decoders}
-    cycles = {}
+    """Per-cycle milliseconds of each decoder at batch 1, repeats interleaved (drift hits all),
+    and the cycle's split as the loop records it (draft: propose + branch choice; verify: target
+    forward, verification, the host read; host clocks, so on a GPU the read absorbs the wait)."""
+    runs = {name: [] for name in decoders}
     for rep in range(repeats + 1):
         for name, dec in decoders.items():
             out, seconds = wall(lambda: dec.generate_batch([prompt], sampling, new_tokens, seeds=[0])[0], device)
             if rep:  # the first round warms up
-                per_cycle[name].append(1e3 * seconds / len(out.cycles))
-                cycles[name] = len(out.cycles)
-    return {name: dict(cycle_ms=statistics.median(ms), cycles=cycles[name], runs_ms=[round(m, 3) for m in ms])
-            for name, ms in per_cycle.items()}
+                runs[name].append((1e3 * seconds / len(out.cycles), out.cycles))
+    result = {}
+    for name, measured in runs.items():
+        per_cycle = [ms for ms, _ in measured]
+        draft = [1e3 * statistics.mean(c.draft_time for c in cycles) for _, cycles in measured]
+        verify = [1e3 * statistics.mean(c.verify_time for c in cycles) for _, cycles in measured]
+        result[name] = dict(cycle_ms=statistics.median(per_cycle), cycles=len(measured[-1][1]),
+                            runs_ms=[round(m, 3) for m in per_cycle], draft_ms=statistics.median(draft),
+                            verify_ms=statistics.median(verify))
+    return result
 
 
 def count_syncs(fn):
@@ -202,7 +209,8 @@ def main():
     print(f"target forward over {block + 1} tokens: {result['target_forward_ms']:.2f} ms", flush=True)
     result["cycles"] = cycle_times(decoders, prompt, sampling, args.new_tokens, args.repeats, device)
     for name, row in result["cycles"].items():
-        print(f"cycle {name}: {row['cycle_ms']:.2f} ms over {row['cycles']} cycles {row['runs_ms']}", flush=True)
+        print(f"cycle {name}: {row['cycle_ms']:.2f} ms over {row['cycles']} cycles {row['runs_ms']} (draft "
+              f"{row['draft_ms']:.2f} ms, verify {row['verify_ms']:.2f} ms)", flush=True)
     k1, k4 = (result["cycles"][k]["cycle_ms"] for k in ("K=1", "K=4"))
     result["k4_overhead"] = k4 / k1 - 1
     result["cycle_over_target_forward"] = k1 / result["target_forward_ms"]
@@ -249,6 +257,7 @@ def markdown(r) -> str:
              f"| target forward over {r['block'] + 1} tokens (ms) | {r['target_forward_ms']:.2f} |"]
     for name, row in r["cycles"].items():
         lines.append(f"| cycle at batch 1, {name} (ms, median of {len(row['runs_ms'])} runs) | {row['cycle_ms']:.2f} |")
+        lines.append(f"| of which draft / verify, {name} (ms) | {row['draft_ms']:.2f} / {row['verify_ms']:.2f} |")
     lines += [f"| K = 4 overhead over K = 1 | {100 * r['k4_overhead']:+.1f}% |",
               f"| K = 1 cycle / target forward | {r['cycle_over_target_forward']:.2f}x |"]
     if "syncs" in r:
