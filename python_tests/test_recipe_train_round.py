@@ -7,7 +7,8 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2"))
-from train_round import DEFAULT_SETTINGS, amend_settings, conclude, data_sh_shards, round_plan  # noqa: E402
+from train_round import (DEFAULT_SETTINGS, amend_settings, conclude, data_sh_shards,  # noqa: E402
+                         measured as measured_run, round_plan, run_config)
 
 SHIP = "ship"
 
@@ -122,6 +123,30 @@ def test_a_round_that_made_it_worse_ships_nothing(stage):
         {"dflash-k1": measured(5.0, 5.5), "dblast-k4": measured(3.0, 3.1)}
     _, shipped = finish(book, runs)
     assert shipped == []
+
+
+def test_the_surrogate_arm_is_judged_by_its_accepted_length_proxy_not_its_loss():
+    """dblast-k4's held-out surrogate loss can rise while it gets better (round 5 of the recipe):
+    its run selects, stops and ships by the proxy; dflash-k1 stays on the loss."""
+    book = ledger()
+    book.update(stage="arms", choice={"layers": 2, "block": 8}, arms_from_round=1,
+                shipped={"dflash-k1": 0, "dblast-k4": None})
+    book["rounds"].append({"stage": "base", "runs": {"base": {}}})
+    plan = round_plan(book, SHIP)
+    configs = {arm: run_config(book, plan, arm, run, "work", "store", "features", SHIP)
+               for arm, run in plan["runs"].items()}
+    assert {arm: c["select_by"] for arm, c in configs.items()} == {"dflash-k1": "loss", "dblast-k4": "accepted_proxy"}
+    log = [{"step": 0, "loss": 4.74, "accepted_proxy": 0.44}, {"step": 150, "loss": 5.15, "accepted_proxy": 0.47},
+           {"step": 300, "loss": 5.17, "accepted_proxy": 0.51}, {"step": 450, "loss": 5.20, "accepted_proxy": 0.50}]
+    k4 = measured_run(log, 7, "accepted_proxy")
+    assert k4["best"]["step"] == 300 and k4["select_by"] == "accepted_proxy"
+    k1 = measured_run([dict(e, loss=5.0 - e["step"] / 1000) for e in log], 7, "loss")  # 5.0 -> 4.55
+    assert k1["best"]["step"] == 450
+    _, shipped = finish(book, {"dflash-k1": k1, "dblast-k4": k4})
+    assert sorted(shipped) == [("dblast-k4", "dblast-k4"), ("dflash-k1", "dflash-k1")]
+    gains = {arm: run["gain"] for arm, run in book["rounds"][-1]["runs"].items()}
+    assert gains["dblast-k4"] == pytest.approx((0.51 - 0.44) / 0.44, abs=1e-5)
+    assert gains["dflash-k1"] == pytest.approx((5.0 - 4.55) / 5.0, abs=1e-5)
 
 
 def test_the_ledger_names_every_shard_data_sh_makes_from_its_prompt_lists(tmp_path):

@@ -138,6 +138,60 @@ def test_a_resumed_run_counts_the_plateau_from_where_it_stopped(world, monkeypat
     assert resumed["stopped_early"] and resumed["steps"] == 16 and resumed["best_step"] == 8
 
 
+def test_select_by_the_accepted_proxy_keeps_the_highest_proxy_however_the_loss_moves(world, monkeypatch):
+    """The surrogate's held-out loss can rise while the drafter gets better (its retained prefix
+    set grows): with select_by accepted_proxy the plateau and final/ follow the proxy."""
+    from dblast_ext.training import trainer
+
+    real = trainer.evaluate
+    queue = [(5.0, 0.40), (5.2, 0.45), (5.3, 0.50), (4.9, 0.48), (4.8, 0.47)]  # (loss, proxy) at 4..20
+
+    def scripted(*args, **kwargs):
+        loss, proxy = queue.pop(0)
+        return dict(real(*args, **kwargs), loss=loss, accepted_proxy=proxy)
+    monkeypatch.setattr(trainer, "evaluate", scripted)
+    c = config(world, "select-proxy", max_steps=40, save_every=4, patience=2, select_by="accepted_proxy")
+    result = train(c, progress=False)
+    assert result["stopped_early"] and result["steps"] == 20 and result["best_step"] == 12
+
+
+def test_a_resumed_run_may_change_select_by_and_replays_its_plateau(world, monkeypatch):
+    """select_by chooses among checkpoints, not what is trained: a run resumed with another
+    measure continues (its plateau replayed from eval_log.jsonl), and the steps logged after
+    the checkpoint it resumes from are logged once."""
+    from dblast_ext.training import trainer
+
+    real = trainer.evaluate
+    queue = [(5.0, 0.40), (5.5, 0.50), (5.6, 0.45), (5.7, 0.44)]  # (loss, proxy) at steps 4, 8, 10, 12
+
+    def scripted(*args, **kwargs):
+        loss, proxy = queue.pop(0)
+        return dict(real(*args, **kwargs), loss=loss, accepted_proxy=proxy)
+    monkeypatch.setattr(trainer, "evaluate", scripted)
+    c = config(world, "reselect", max_steps=40, save_every=4, log_every=1, patience=2)
+    # by the loss it stops at step 10 (the last step checkpoints too): best 4, then two stale
+    first = train(c, progress=False, stop_at_step=10)
+    assert first["stopped_early"] and first["best_step"] == 4
+    with open(os.path.join(c.out, "train_log.jsonl"), "a") as f:  # a kill after step 11: logged, not saved
+        f.write(json.dumps({"step": 11, "loss": 1.0}) + "\n")
+    # by the proxy the same checkpoints say best 8, one stale: it goes on, to step 12
+    resumed = train(config(world, "reselect", max_steps=40, save_every=4, log_every=1, patience=2,
+                           select_by="accepted_proxy"), progress=False)
+    assert resumed["stopped_early"] and resumed["steps"] == 12 and resumed["best_step"] == 8
+    steps = [json.loads(line)["step"] for line in open(os.path.join(c.out, "train_log.jsonl"))]
+    assert steps == list(range(1, 13))
+
+
+def test_a_plateau_saved_before_select_by_resumes_on_the_loss():
+    from dblast_ext.training import trainer
+
+    plateau = trainer.Plateau(3, {"plateau": {"best_step": 8, "best_loss": 4.0, "stale": 1}})
+    plateau.update(12, {"loss": 4.5, "accepted_proxy": 0.9})
+    assert (plateau.best_step, plateau.best_value, plateau.stale) == (8, 4.0, 2)
+    plateau.update(16, {"loss": 3.5, "accepted_proxy": 0.1})
+    assert (plateau.best_step, plateau.stale) == (16, 0)
+
+
 def test_held_out_evaluation_reports_top1_agreement_per_block_position(world):
     c = config(world, "agreement", max_steps=4, save_every=4)
     train(c, progress=False)
@@ -339,6 +393,7 @@ def test_train_command_runs_a_config_file(world, capsys):
     ({"distill_weight": 1.5}, "distill_weight"),
     ({"distill_weight": 0.5}, "distill_weight 0.5 applies to the nll objective only"),
     ({"feature_scaling": "std"}, "feature_scaling"),
+    ({"select_by": "tau"}, "select_by must be one of"),
 ])
 def test_bad_configs_fail_clearly(world, change, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):

@@ -19,7 +19,8 @@
       "lr": 6e-4, "weight_decay": 0.0, "warmup_ratio": 0.04, "max_grad_norm": 1.0,
       "epochs": 1, "max_steps": null,
       "patience": null,                      # with eval_data: stop after this many checkpoints without a
-                                             # lower held-out loss; final/ is then the best checkpoint
+                                             # better held-out select_by; final/ is then the best checkpoint
+      "select_by": "loss",                   # loss (lower is better) or accepted_proxy (higher; for "al")
       "eval_at_start": false,                # with eval_data: the held-out loss of the drafter before
                                              # step 1 too (step 0 of eval_log.jsonl): what a run from
                                              # init_from must beat; with max_steps 0 it only measures
@@ -66,6 +67,7 @@ class TrainConfig:
     epochs: int = 1
     max_steps: Optional[int] = None
     patience: Optional[int] = None
+    select_by: str = "loss"
     eval_at_start: bool = False
     save_every: int = 200
     log_every: int = 10
@@ -83,7 +85,13 @@ class TrainConfig:
 
 # What runs made before a field existed trained with: a saved config without the field is
 # compared as if it held this value.
-LEGACY_VALUES = {"distill_weight": 0.0, "feature_scaling": "none", "patience": None, "eval_at_start": False}
+LEGACY_VALUES = {"distill_weight": 0.0, "feature_scaling": "none", "patience": None, "eval_at_start": False,
+                 "select_by": "loss"}
+# The held-out measures that can pick the best checkpoint (`select_by`), and whether higher is
+# better: the loss for the NLL objectives; the accepted-length proxy for the surrogate, whose
+# loss sums over a retained prefix set that grows as the drafter improves, so that a better
+# drafter can show a higher loss.
+SELECTION_MEASURES = {"loss": False, "accepted_proxy": True}
 FEATURE_SCALINGS = ("rms", "none")
 
 
@@ -150,7 +158,9 @@ def validate(c: TrainConfig, flags: Optional[Dict[str, str]] = None) -> TrainCon
     if c.patience is not None:
         _positive(name("patience"), c.patience)
         if not c.eval_data:
-            raise ValueError(f"{name('patience')} stops on the held-out loss: it needs eval_data")
+            raise ValueError(f"{name('patience')} stops on a held-out measure: it needs eval_data")
+    if c.select_by not in SELECTION_MEASURES:
+        raise ValueError(f"{name('select_by')} must be one of {sorted(SELECTION_MEASURES)}, got {c.select_by!r}")
     if c.num_branches is not None:
         _positive(name("num_branches"), c.num_branches)
     if c.block_size is not None and (not isinstance(c.block_size, int) or c.block_size < 2):

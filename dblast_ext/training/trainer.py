@@ -30,7 +30,7 @@ from ..drafter import DBlastDrafter, DrafterConfig
 from ..drafter_io import check_against_target, load_drafter, save_pretrained, set_feature_scale
 from ..progress import progress_bar
 from ..target_loading import default_device, load_target
-from .config import LEGACY_VALUES, TrainConfig, data_paths
+from .config import LEGACY_VALUES, SELECTION_MEASURES, TrainConfig, data_paths
 from .data import read_training_data
 from .feature_cache import FeatureCache, file_digest, open_feature_caches, response_feature_stats, rms_feature_scale
 from .losses import decay_weights, flat_step_weights
@@ -128,13 +128,44 @@ def feature_scale(config: TrainConfig, records: List[dict], target: TargetAdapte
     return rms_feature_scale(*stats)
 
 
+# Fields that only choose among the checkpoints (which is best, when to stop), not what is
+# trained: a resumed run may change them, and its plateau is then replayed from eval_log.jsonl.
+RESELECTABLE = ("select_by",)
+
+
 def config_changes(saved: Dict, config: TrainConfig) -> List[str]:
-    """The fields in which a checkpoint's config differs from this run's; a field the saved
-    config predates counts as its LEGACY_VALUES value."""
+    """The fields in which a checkpoint's config differs from this run's, RESELECTABLE ones
+    aside; a field the saved config predates counts as its LEGACY_VALUES value."""
     now = config.to_json()
     before = {key: saved.get(key, LEGACY_VALUES.get(key)) for key in now}
-    return [f"{key} {before[key]!r} -> {now[key]!r}" for key in now if before[key] != now[key]] + \
+    return [f"{key} {before[key]!r} -> {now[key]!r}" for key in now
+            if before[key] != now[key] and key not in RESELECTABLE] + \
         [f"{key} (gone)" for key in saved if key not in now]
+
+
+def resumed_plateau(config: TrainConfig, state: Optional[Dict]) -> "Plateau":
+    """The plateau of a run (resumed or not): as saved, or, where the run selected by another
+    measure before (`select_by` changed), replayed from its held-out log up to the resumed step."""
+    saved = ((state or {}).get("plateau") or {}).get("select_by", LEGACY_VALUES["select_by"])
+    if not state or saved == config.select_by:
+        return Plateau(config.patience, state, config.select_by)
+    plateau = Plateau(config.patience, None, config.select_by)
+    for entry in read_eval_log(config.out):
+        if 0 < entry["step"] <= state["step"]:  # step 0 (eval_at_start) is the start, never a candidate
+            plateau.update(entry["step"], entry)
+    return plateau
+
+
+def trim_logs(out: str, step: int) -> None:
+    """Drops the log entries past `step`, the checkpoint a run resumes from: a run stopped
+    between checkpoints has logged steps it will train again."""
+    for name in ("train_log.jsonl", "eval_log.jsonl"):
+        path = os.path.join(out, name)
+        if os.path.isfile(path):
+            with open(path) as f:
+                entries = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+            with open(path, "w") as f:
+                f.writelines(entries)
 
 
 def resume_state(checkpoint: str, config: TrainConfig, identity: Dict, device) -> Dict:
@@ -287,19 +318,25 @@ def evaluate(drafter, target, records, config, weights, device, cache: Optional[
 
 
 class Plateau:
-    """The best held-out loss so far, its step, and how many checkpoints since it: training
-    stops once that count reaches `patience` (None: never)."""
+    """The best held-out value of the selection measure so far (`select_by`: the loss, lower is
+    better, or the accepted-length proxy, higher), its step, and how many checkpoints since it:
+    training stops once that count reaches `patience` (None: never)."""
 
-    def __init__(self, patience: Optional[int], state: Optional[Dict] = None):
-        self.patience = patience
+    def __init__(self, patience: Optional[int], state: Optional[Dict] = None, select_by: str = "loss"):
+        self.patience, self.select_by = patience, select_by
+        self.higher_is_better = SELECTION_MEASURES[select_by]
         saved = (state or {}).get("plateau") or {}
-        self.best_step, self.best_loss, self.stale = saved.get("best_step"), saved.get("best_loss"), saved.get("stale", 0)
+        self.best_step, self.stale = saved.get("best_step"), saved.get("stale", 0)
+        self.best_value = saved.get("best_value", saved.get("best_loss"))  # runs before select_by saved best_loss
 
     def update(self, step: int, held_out: Optional[Dict]) -> None:
         if held_out is None:
             return
-        if self.best_loss is None or held_out["loss"] < self.best_loss:
-            self.best_step, self.best_loss, self.stale = step, held_out["loss"], 0
+        value = held_out[self.select_by]
+        better = self.best_value is None or (value > self.best_value if self.higher_is_better
+                                             else value < self.best_value)
+        if better:
+            self.best_step, self.best_value, self.stale = step, value, 0
         else:
             self.stale += 1
 
@@ -308,7 +345,8 @@ class Plateau:
         return self.patience is not None and self.stale >= self.patience
 
     def to_json(self) -> Dict:
-        return {"best_step": self.best_step, "best_loss": self.best_loss, "stale": self.stale}
+        return {"best_step": self.best_step, "best_value": self.best_value, "stale": self.stale,
+                "select_by": self.select_by}
 
 
 def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[int] = None) -> Dict:
@@ -365,12 +403,14 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         start = state["step"]
+        if parallel.rank == 0:
+            trim_logs(config.out, start)
     initial = None
     if config.eval_at_start and eval_records and not state and parallel.rank == 0:
         # the drafter as it starts (init_from, or fresh weights): what the run has to improve on
         initial = evaluate(drafter, target, eval_records, config, weights, device, eval_cache)
         append_eval_log(config.out, 0, initial)
-    plateau = Plateau(config.patience, state)
+    plateau = resumed_plateau(config, state)
     autocast = training_autocast(config, device)
     bar = progress_bar(total, initial=start, desc="training", unit="step", enabled=progress and parallel.rank == 0)
     log_path = os.path.join(config.out, "train_log.jsonl")
@@ -419,8 +459,8 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
                 plateau.stale = int(_broadcast(plateau.stale, device))
             if plateau.reached:
                 if parallel.rank == 0:
-                    print(f"training: held-out loss has not improved for {plateau.stale} checkpoints (patience "
-                          f"{config.patience}); stopping at step {step + 1}, final = step {plateau.best_step}",
+                    print(f"training: held-out {config.select_by} has not improved for {plateau.stale} checkpoints "
+                          f"(patience {config.patience}); stopping at step {step + 1}, final = step {plateau.best_step}",
                           file=sys.stderr)
                 break
         if stop_at_step is not None and step + 1 == stop_at_step:
@@ -472,6 +512,14 @@ def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out, ident
     if held_out is not None:
         append_eval_log(config.out, step, held_out)
     return path
+
+
+def read_eval_log(out: str) -> List[Dict]:
+    path = os.path.join(out, "eval_log.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def append_eval_log(out: str, step: int, held_out: Dict) -> None:

@@ -54,6 +54,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SHIP_DIR = os.path.join(ROOT, "dblast_ext", "drafters", "smollm2-135m-instruct")
 ARMS = ("dflash-k1", "dblast-k4")
+# the held-out measure that picks an objective's best checkpoint, stops it and decides shipping:
+# the surrogate's loss sums over a prefix set that grows as the drafter improves (docs/training.md)
+SELECT_BY = {"nll": "loss", "al": "accepted_proxy"}
 KINDS = ("math", "code", "chat")
 MASK = 16   # <empty_output>: a special token chat text never contains, used as the drafter's mask
 
@@ -204,7 +207,7 @@ def run_config(ledger, plan, name, run, work, store, features, ship_dir) -> dict
         "feature_scaling": "rms", "num_anchors": s["num_anchors"], "batch_size": s["batch_size"],
         "warmup_ratio": 0.04, "patience": s["patience"], "save_every": s["save_every"], "log_every": 10,
         "seed": plan["round"], "feature_cache": features, "autocast": "auto", "recompute_logits": False,
-        "eval_at_start": True,
+        "eval_at_start": True, "select_by": SELECT_BY[objective],
     }
     if kind == "baseline":   # the first recipe's dflash-k1, measured only (and at its own block)
         config.update(init_from=os.path.join(ship_dir, "dflash-k1"), max_steps=0, lr=s["lr_continue"],
@@ -240,7 +243,7 @@ def conclude(ledger: dict, plan: dict, record: dict, pilots: dict) -> list:
     elif stage == "base":
         run = record["runs"]["base"]
         first = plan["runs"]["base"]["init"] is None
-        gain = 1.0 if first else (run["start"]["loss"] - run["best"]["loss"]) / run["start"]["loss"]
+        gain = 1.0 if first else relative_gain(run)
         # from scratch, the base replaces the first recipe's dflash-k1 only where it beats it
         better = run["best"]["estimated_tau"] > ledger["baseline"]["estimated_tau"] if first else gain > 0
         run.update(gain=round(gain, 5), shipped=better)
@@ -256,7 +259,7 @@ def conclude(ledger: dict, plan: dict, record: dict, pilots: dict) -> list:
     elif stage == "arms":
         for arm in plan["runs"]:
             run = record["runs"][arm]
-            gain = (run["start"]["loss"] - run["best"]["loss"]) / run["start"]["loss"]
+            gain = relative_gain(run)
             run.update(gain=round(gain, 5), shipped=gain > 0)
             if gain > 0:
                 ship.append((arm, arm))
@@ -275,14 +278,24 @@ def eval_log(out: str) -> list:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def measured(entries: list, positions: int) -> dict:
-    """A run's start (step 0) and best checkpoint (lowest held-out loss), with estimated tau."""
+def measured(entries: list, positions: int, select_by: str = "loss") -> dict:
+    """A run's start (step 0) and best checkpoint (by its held-out `select_by`: the lowest loss,
+    or the highest accepted-length proxy), with estimated tau."""
     def summary(e):
-        return {"step": e["step"], "loss": round(e["loss"], 5), "top1_agreement": e.get("top1_agreement"),
+        return {"step": e["step"], "loss": round(e["loss"], 5), "accepted_proxy": round(e["accepted_proxy"], 5),
+                "top1_agreement": e.get("top1_agreement"),
                 "estimated_tau": round(choose_pilot.estimated_tau(e.get("top1_agreement") or [], positions), 4)}
     start = next(e for e in entries if e["step"] == 0)
-    best = min(entries, key=lambda e: e["loss"])
-    return {"start": summary(start), "best": summary(best)}
+    best = (max(entries, key=lambda e: e["accepted_proxy"]) if select_by == "accepted_proxy"
+            else min(entries, key=lambda e: e["loss"]))
+    return {"start": summary(start), "best": summary(best), "select_by": select_by}
+
+
+def relative_gain(run: dict) -> float:
+    """How much a run's best checkpoint improved on its start, relative, in its selection measure."""
+    measure = run.get("select_by", "loss")
+    start, best = run["start"][measure], run["best"][measure]
+    return (best - start) / start if measure == "accepted_proxy" else (start - best) / start
 
 
 def train(config: dict, work: str, log) -> float:
@@ -381,7 +394,7 @@ def run_round(args, overrides: dict) -> bool:
         entries = eval_log(config["out"])
         record["runs"][name] = {"init": config["init_from"] and os.path.basename(config["init_from"]),
                                 "steps": max(e["step"] for e in entries), "seconds": seconds,
-                                **measured(entries, positions)}
+                                **measured(entries, positions, config["select_by"])}
         copy_logs(config["out"], args.logs, f"round-{plan['round']:02d}-{name}")
     # every run of the round is done: only now are drafters shipped (the arms start from the same base)
     pilots = {name[len("pilot-"):]: choose_pilot.best_checkpoint(choose_pilot.read_pilot(configs[name]["out"]),
