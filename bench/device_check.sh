@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
-# The lent machine's default compiler (CC/CXX under /opt/gcc) links part of libstdc++ (locale
+# The lent machine's default compiler (its CC/CXX, a newer gcc) links part of libstdc++ (locale
 # facets, number formatting) statically into the extension: any error message that formats a
 # number then crashed the process (run 2026-12-04-run1, gdb.log). The system gcc links it
 # dynamically like torch; python_tests/test_build.py checks the built library for it.
