@@ -172,8 +172,8 @@ def test_a_resumed_run_may_change_select_by_and_replays_its_plateau(world, monke
     # by the loss it stops at step 10 (the last step checkpoints too): best 4, then two stale
     first = train(c, progress=False, stop_at_step=10)
     assert first["stopped_early"] and first["best_step"] == 4
-    with open(os.path.join(c.out, "train_log.jsonl"), "a") as f:  # a kill after step 11: logged, not saved
-        f.write(json.dumps({"step": 11, "loss": 1.0}) + "\n")
+    with open(os.path.join(c.out, "train_log.jsonl"), "a") as f:  # a kill after step 11: logged, not saved,
+        f.write(json.dumps({"step": 11, "loss": 1.0}) + "\n" + '{"step": 12, "lo')  # and step 12 cut short
     # by the proxy the same checkpoints say best 8, one stale: it goes on, to step 12
     resumed = train(config(world, "reselect", max_steps=40, save_every=4, log_every=1, patience=2,
                            select_by="accepted_proxy"), progress=False)

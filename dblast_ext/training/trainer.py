@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 from ..target import TargetAdapter
 from ..drafter import DBlastDrafter, DrafterConfig
 from ..drafter_io import check_against_target, load_drafter, save_pretrained, set_feature_scale
+from ..jsonl import read_jsonl
 from ..progress import progress_bar
 from ..target_loading import default_device, load_target
 from .config import LEGACY_VALUES, SELECTION_MEASURES, TrainConfig, data_paths
@@ -158,14 +159,14 @@ def resumed_plateau(config: TrainConfig, state: Optional[Dict]) -> "Plateau":
 
 def trim_logs(out: str, step: int) -> None:
     """Drops the log entries past `step`, the checkpoint a run resumes from: a run stopped
-    between checkpoints has logged steps it will train again."""
+    between checkpoints has logged steps it will train again (and may have cut its last line
+    short, which is dropped too)."""
     for name in ("train_log.jsonl", "eval_log.jsonl"):
         path = os.path.join(out, name)
         if os.path.isfile(path):
-            with open(path) as f:
-                entries = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+            kept = [entry for _, entry in read_jsonl(path, name, live=True) if entry["step"] <= step]
             with open(path, "w") as f:
-                f.writelines(entries)
+                f.writelines(json.dumps(entry) + "\n" for entry in kept)
 
 
 def resume_state(checkpoint: str, config: TrainConfig, identity: Dict, device) -> Dict:
@@ -459,8 +460,9 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
                 plateau.stale = int(_broadcast(plateau.stale, device))
             if plateau.reached:
                 if parallel.rank == 0:
-                    print(f"training: held-out {config.select_by} has not improved for {plateau.stale} checkpoints "
-                          f"(patience {config.patience}); stopping at step {step + 1}, final = step {plateau.best_step}",
+                    print(f"training: held-out {config.select_by} has not improved for {plateau.stale} "
+                          f"checkpoints (patience {config.patience}); stopping at step {step + 1}, "
+                          f"final = step {plateau.best_step}",
                           file=sys.stderr)
                 break
         if stop_at_step is not None and step + 1 == stop_at_step:
@@ -515,11 +517,9 @@ def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out, ident
 
 
 def read_eval_log(out: str) -> List[Dict]:
+    """out/eval_log.jsonl's held-out measurements, in order; none when the run has not logged one."""
     path = os.path.join(out, "eval_log.jsonl")
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [entry for _, entry in read_jsonl(path, "held-out log")] if os.path.isfile(path) else []
 
 
 def append_eval_log(out: str, step: int, held_out: Dict) -> None:

@@ -50,6 +50,9 @@ import time
 import choose_pilot
 from package import package
 
+from dblast_ext.training.config import SELECTION_MEASURES
+from dblast_ext.jsonl import read_jsonl
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SHIP_DIR = os.path.join(ROOT, "dblast_ext", "drafters", "smollm2-135m-instruct")
@@ -272,12 +275,6 @@ def conclude(ledger: dict, plan: dict, record: dict, pilots: dict) -> list:
     return ship
 
 
-def eval_log(out: str) -> list:
-    path = os.path.join(out, "eval_log.jsonl")
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def measured(entries: list, positions: int, select_by: str = "loss") -> dict:
     """A run's start (step 0) and best checkpoint (by its held-out `select_by`: the lowest loss,
     or the highest accepted-length proxy), with estimated tau."""
@@ -286,8 +283,7 @@ def measured(entries: list, positions: int, select_by: str = "loss") -> dict:
                 "top1_agreement": e.get("top1_agreement"),
                 "estimated_tau": round(choose_pilot.estimated_tau(e.get("top1_agreement") or [], positions), 4)}
     start = next(e for e in entries if e["step"] == 0)
-    best = (max(entries, key=lambda e: e["accepted_proxy"]) if select_by == "accepted_proxy"
-            else min(entries, key=lambda e: e["loss"]))
+    best = (max if SELECTION_MEASURES[select_by] else min)(entries, key=lambda e: e[select_by])
     return {"start": summary(start), "best": summary(best), "select_by": select_by}
 
 
@@ -295,7 +291,7 @@ def relative_gain(run: dict) -> float:
     """How much a run's best checkpoint improved on its start, relative, in its selection measure."""
     measure = run.get("select_by", "loss")
     start, best = run["start"][measure], run["best"][measure]
-    return (best - start) / start if measure == "accepted_proxy" else (start - best) / start
+    return (best - start) / start * (1 if SELECTION_MEASURES[measure] else -1)
 
 
 def train(config: dict, work: str, log) -> float:
@@ -391,7 +387,7 @@ def run_round(args, overrides: dict) -> bool:
         f"({total / record['feature_seconds']:.0f} tokens/s with the target load and a held-out pass)")
     for name, config in configs.items():
         seconds = train(config, work, log)
-        entries = eval_log(config["out"])
+        entries = [e for _, e in read_jsonl(os.path.join(config["out"], "eval_log.jsonl"), "held-out log")]
         record["runs"][name] = {"init": config["init_from"] and os.path.basename(config["init_from"]),
                                 "steps": max(e["step"] for e in entries), "seconds": seconds,
                                 **measured(entries, positions, config["select_by"])}
