@@ -312,7 +312,7 @@ class SpeculativeDecoder:
         self.target.keep_rows(target_cache, start, rows)                                # 5. keep the path
         accepted = len(walk.tokens) - 1
         record = CycleRecord(accepted, walk.expected_accepted, walk.branches[0], prior, t1 - t0,
-                             time.perf_counter() - t1, walk.branches, trie.num_nodes)
+                             time.perf_counter() - t1, walk.branches, trie.num_nodes, walk.branch_rule_expected)
         return record, walk.tokens, features[:, rows]
 
     def _sample(self, logits: torch.Tensor, uniforms: torch.Tensor, query_tokens: torch.Tensor,

@@ -26,6 +26,10 @@ class CycleRecord:
                                # accepted ones: [branch] for greedy-branch verification; for trie
                                # verification every branch through the deepest accepted node
     tree_nodes: int = 0        # trie verification: the draft nodes the target scored (0: branch mode)
+    branch_rule_expected: Optional[float] = None  # trie verification: the expected accepted drafts of
+                               # greedy-branch verification on the same proposal and target
+                               # distributions, a same-context comparison (None: branch mode, or a
+                               # node budget cut the trie)
 
 
 @dataclass

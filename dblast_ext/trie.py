@@ -26,6 +26,8 @@ class TrieWalk:
     rows: List[int]       # the rows whose target state is kept: the anchor and the accepted nodes
     branches: List[int]   # the branches whose drafts begin with the accepted ones (all K at 0 accepted)
     expected_accepted: float  # sum over nodes of the chance the walk reaches it
+    branch_rule_expected: Optional[float] = None  # greedy-branch verification's expected accepted drafts
+    # for the same proposal and target distributions (None when a node budget cut the trie)
 
 
 @dataclass
@@ -36,6 +38,7 @@ class DraftTrie:
     children: List[Dict[int, int]]    # per row: child token -> child row
     branches: List[List[int]]         # per row: the branches through it (the anchor: all)
     mass: List[float]                 # per row: the prior mass of those branches
+    complete: bool = True             # every branch's every draft is a node (no node budget cut it)
 
     @property
     def num_nodes(self) -> int:
@@ -82,10 +85,20 @@ class DraftTrie:
             rows.append(child)
             row = child
         reach = [1.0] * len(self.tokens)
+        # The branch rule (Eq 18-21) draws a branch by the prior and accepts its draft at a node with
+        # min(1, p / q), q = the node's mass over its parent's (the prior renormalised over the
+        # branches consistent so far). The branches through a node (mass m = product of the q's
+        # along its path) reach it with m times the product of those chances, i.e. the product of
+        # min(q, p) along the path: never above the walk's product of p.
+        branch_reach = [1.0] * len(self.tokens)
         for r, kids in enumerate(self.children):  # parents before children: reach[r] is final here
             for c, child in enumerate(kids.values()):
-                reach[child] = reach[r] * float(child_probs[r][c])
-        return TrieWalk(tokens, rows, list(self.branches[rows[-1]]), sum(reach[1:]))
+                p = float(child_probs[r][c])
+                reach[child] = reach[r] * p
+                q = self.mass[child] / self.mass[r] if self.mass[r] > 0 else 0.0
+                branch_reach[child] = branch_reach[r] * min(q, p)
+        branch_rule = sum(branch_reach[1:]) if self.complete else None
+        return TrieWalk(tokens, rows, list(self.branches[rows[-1]]), sum(reach[1:]), branch_rule)
 
 
 def build_trie(branch_tokens: Sequence[Sequence[int]], prior: Sequence[float],
@@ -135,5 +148,5 @@ def _keep_rows(trie: DraftTrie, kept: List[int]) -> DraftTrie:
     children = [{t: new_row[c] for t, c in trie.children[r].items() if c in new_row} for r in order]
     parents = [-1] + [new_row[trie.parents[r]] for r in kept]
     return DraftTrie([trie.tokens[r] for r in order], parents, [trie.depths[r] for r in order], children,
-                     [trie.branches[r] for r in order], [trie.mass[r] for r in order])
+                     [trie.branches[r] for r in order], [trie.mass[r] for r in order], complete=False)
 

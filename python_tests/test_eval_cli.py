@@ -67,6 +67,18 @@ def test_eval_writes_records_summary_report_and_plots(setup, capsys):
     assert "macro" in capsys.readouterr().out
 
 
+def test_tree_eval_records_the_nodes_and_the_branch_rules_same_context_figure(setup):
+    """Trie verification's records: the nodes of each pass and, without a node budget, the branch
+    rule's expected accepted drafts on the same proposals, never above the trie's own."""
+    run_eval(setup, setup[0] / "tree", "--branches", "4", "--verify", "tree", "--temperature", "1.0")
+    for r in read_records(str(setup[0] / "tree" / "records.jsonl")):
+        assert len(r["tree_nodes"]) == len(r["branch_rule_expected"]) == len(r["expected_accepted"])
+        assert all(b <= e + 1e-5 for b, e in zip(r["branch_rule_expected"], r["expected_accepted"]))
+    run_eval(setup, setup[0] / "tree-cut", "--branches", "4", "--verify", "tree", "--max-tree-nodes", "3")
+    for r in read_records(str(setup[0] / "tree-cut" / "records.jsonl")):
+        assert max(r["tree_nodes"]) <= 3 and "branch_rule_expected" not in r
+
+
 def test_eval_is_reproducible_and_resumes_where_it_stopped(setup):
     first, second = setup[0] / "repro-a", setup[0] / "repro-b"
     run_eval(setup, first)

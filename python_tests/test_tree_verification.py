@@ -275,7 +275,8 @@ def test_more_tokens_per_pass_than_the_branch_rule_on_the_same_proposals(tmp_pat
         prefix = SMALL_PROMPT + [last]
         tree_dec, oracle = oracle_decoder(dec, 4, prefix, verify="tree")
         oracle.prior = prior
-        tree = tree_dec.first_cycle(prefix, SamplingParams(1.0), seed=0).expected_accepted
+        tree_record = tree_dec.first_cycle(prefix, SamplingParams(1.0), seed=0)
+        tree = tree_record.expected_accepted
         per_branch = {}
         for seed in range(60):
             branch_dec, oracle = oracle_decoder(dec, 4, prefix, verify="branch")
@@ -285,8 +286,25 @@ def test_more_tokens_per_pass_than_the_branch_rule_on_the_same_proposals(tmp_pat
         assert sorted(per_branch) == [0, 1, 2, 3]
         branch = sum(record.prior[z] * expected for z, expected in per_branch.items())
         assert tree >= branch - 1e-6, (prefix, tree, branch)
+        # the trie pass's own same-context figure for the branch rule is that value (up to float32
+        # logits computed over the trie rather than one branch at a time)
+        assert tree_record.branch_rule_expected == pytest.approx(branch, abs=1e-5)
         gains.append(tree - branch)
     assert np.mean(gains) > 0.5, gains
+
+
+def test_the_walk_gives_the_branch_rules_expected_length_from_the_same_probabilities():
+    """By hand: branches [5, 6] and [5, 9] with prior 0.6 / 0.4, the target's probability 0.5
+    for every child. The branch rule proposes 5 with q 1 (accepted with 0.5), then 6 with q 0.6
+    or 9 with q 0.4, each accepted with min(1, 0.5 / q): reach 0.5 * min(0.6, 0.5) + 0.5 *
+    min(0.4, 0.5). A node budget leaves nodes unscored, so no figure then."""
+    trie = build_trie([[5, 6], [5, 9]], [0.6, 0.4])
+    probs = [[0.5] * max(1, len(c)) for c in trie.children]
+    walk = trie.walk([0] * len(trie.tokens), probs)
+    assert walk.branch_rule_expected == pytest.approx(0.5 + 0.5 * 0.5 + 0.5 * 0.4)
+    assert walk.expected_accepted == pytest.approx(0.5 + 2 * 0.25)
+    cut = build_trie([[5, 6], [5, 9]], [0.6, 0.4], max_nodes=2)
+    assert cut.walk([0] * len(cut.tokens), [[0.5] * max(1, len(c)) for c in cut.children]).branch_rule_expected is None
 
 
 def test_a_proposal_outside_the_vocabulary_is_refused_before_the_target_runs(tmp_path):

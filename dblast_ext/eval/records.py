@@ -4,6 +4,8 @@ Fields: `prompt_id`, `dataset`, `turn`, `accepted` (n per cycle, 0..b: the cycle
 tokens, so a response's last cycle counts only the tokens it kept), `expected_accepted`
 (per cycle, sum_i prod_{j<=i} A_j over the whole draft, a cut last cycle included), `block_size`, `eos_terminated`, `new_tokens`,
 `wall_time`, `tree_nodes` (per cycle, with trie verification: the draft nodes the pass scored),
+`branch_rule_expected` (per cycle, trie verification without a node budget: the expected accepted
+drafts greedy-branch verification would have had on the same proposal and target distributions),
 `ar_wall_time` / `ar_new_tokens` when the target-only run was measured,
 `foreign_load` / `ar_foreign_load` (the cores other processes kept busy during each timed run,
 where the platform tells), the response `text`, and `settings` (the run's flags)."""
@@ -29,6 +31,8 @@ def make_record(*, dataset: str, prompt_id: str, turn: int, output: GenerationOu
     }
     if any(c.tree_nodes for c in output.cycles):  # trie verification: the nodes each pass scored
         record["tree_nodes"] = [c.tree_nodes for c in output.cycles]
+        if all(c.branch_rule_expected is not None for c in output.cycles):
+            record["branch_rule_expected"] = [round(c.branch_rule_expected, 6) for c in output.cycles]
     if timing.foreign_load is not None:
         record["foreign_load"] = round(timing.foreign_load, 4)
     if baseline is not None:
