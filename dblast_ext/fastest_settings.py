@@ -26,7 +26,9 @@ import torch
 __all__ = ["ExactSpeedSettings", "fastest_exact_settings", "cpu_has_native_bf16", "CPU_FASTEST"]
 
 # embedded drafter -> (inference block, draft vocabulary) fastest on a CPU; measured with dblast demo
-# on 2 cores, 2026-12-01 (block 8 + 8,192 ids: 0.87x against 0.57x for block 16 + all ids)
+# on 2 cores, 2026-12-01 (block 8 + 8,192 ids: 0.87x against 0.57x for block 16 + all ids), and again
+# for the retrained block-8 drafters on 2026-12-04 (dblast-k4, bfloat16: 1.31x; block 4, block 6 and
+# 4,096 ids no faster)
 CPU_FASTEST: Dict[str, Tuple[int, int]] = {"dflash-k1": (8, 8192), "dblast-k4": (8, 8192)}
 
 
