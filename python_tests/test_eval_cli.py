@@ -72,7 +72,7 @@ def test_tree_eval_records_the_nodes_and_the_branch_rules_same_context_figure(se
     rule's expected accepted drafts on the same proposals, never above the trie's own."""
     run_eval(setup, setup[0] / "tree", "--branches", "4", "--verify", "tree", "--temperature", "1.0")
     for r in read_records(str(setup[0] / "tree" / "records.jsonl")):
-        assert len(r["tree_nodes"]) == len(r["branch_rule_expected"]) == len(r["expected_accepted"])
+        assert len(r.get("tree_nodes", [])) == len(r.get("branch_rule_expected", [])) == len(r["expected_accepted"])
         assert all(b <= e + 1e-5 for b, e in zip(r["branch_rule_expected"], r["expected_accepted"]))
     run_eval(setup, setup[0] / "tree-cut", "--branches", "4", "--verify", "tree", "--max-tree-nodes", "3")
     for r in read_records(str(setup[0] / "tree-cut" / "records.jsonl")):

@@ -57,6 +57,7 @@ def test_the_table_gives_each_rules_tokens_per_pass_and_the_same_context_figures
     text = (collected / "README.md").read_text()
     assert "| 1.0 | gsm8k | 3 | 2.000 [2.00, 2.00] | 3.000 [3.00, 3.00] | +50.0% |" in text
     assert "| 1.000 -> 1.500 (+50%) | 20.0 |" in text and "digest abc123" in text
+    assert "test machine; float32 target" in text  # dblast eval's default dtype: the settings name no other
     assert len(os.listdir(collected / "records")) == 8
 
 

@@ -4,8 +4,9 @@ Fields: `prompt_id`, `dataset`, `turn`, `accepted` (n per cycle, 0..b: the cycle
 tokens, so a response's last cycle counts only the tokens it kept), `expected_accepted`
 (per cycle, sum_i prod_{j<=i} A_j over the whole draft, a cut last cycle included), `block_size`, `eos_terminated`, `new_tokens`,
 `wall_time`, `tree_nodes` (per cycle, with trie verification: the draft nodes the pass scored),
-`branch_rule_expected` (per cycle, trie verification without a node budget: the expected accepted
-drafts greedy-branch verification would have had on the same proposal and target distributions),
+`branch_rule_expected` (per cycle, trie verification: the expected accepted drafts greedy-branch
+verification would have had on the same proposal and target distributions; left out of a response
+in which a node budget cut any cycle's trie),
 `ar_wall_time` / `ar_new_tokens` when the target-only run was measured,
 `foreign_load` / `ar_foreign_load` (the cores other processes kept busy during each timed run,
 where the platform tells), the response `text`, and `settings` (the run's flags)."""
