@@ -116,8 +116,10 @@ def test_default_target_generates_with_a_drafter_through_the_cli(cache, tmp_path
                                           vocab_size=49152))
     save_pretrained(drafter, str(tmp_path / "drafter"))
     prompt = "What is 12 times 7?"
+    # --dtype float32: the reference below is the float32 model's greedy output (generate would pick
+    # bfloat16 on a CPU with native bfloat16)
     assert main(["generate", "--drafter", str(tmp_path / "drafter"), "--prompt", prompt, "--chat",
-                 "--temperature", "0", "--max-new-tokens", "12", "--ignore-eos", "--json"]) == 0
+                 "--temperature", "0", "--max-new-tokens", "12", "--ignore-eos", "--json", "--dtype", "float32"]) == 0
     out = json.loads(capsys.readouterr().out)
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
