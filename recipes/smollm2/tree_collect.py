@@ -44,14 +44,22 @@ def same_context(records):
     return float(branch), float(tree)
 
 
-def run_settings(runs, key, default):
-    """The values of settings[key] over the runs' records (one, when every run shares it)."""
-    values = set()
+def record_files(runs):
+    """(run name, records path) of every run in `runs` that has records."""
     for name in sorted(os.listdir(runs)):
         path = os.path.join(runs, name, "records.jsonl")
         if os.path.isfile(path):
-            values |= {str(r["settings"].get(key, default)) for r in read_records(path)}
-    return sorted(values)
+            yield name, path
+
+
+def run_settings(runs):
+    """Every record's settings, over all runs."""
+    return [r["settings"] for _, path in record_files(runs) for r in read_records(path)]
+
+
+def setting_values(settings, key, default):
+    """The distinct values of settings[key] (one, when every run shares it)."""
+    return sorted({str(s.get(key, default)) for s in settings})
 
 
 def acceptance_rows(runs):
@@ -155,21 +163,20 @@ def main():
                                         f"{datetime.now(timezone.utc):%Y-%m-%d}")
     args = p.parse_args()
     acceptance, speed = acceptance_rows(args.runs), speed_rows(args.runs)
+    settings = run_settings(args.runs)
     # dblast eval runs the target in float32 unless --dtype says otherwise (then its settings record it)
-    drafter, dtype = run_settings(args.runs, "drafter_digest", "unrecorded"), run_settings(args.runs, "dtype", "float32")
+    drafter, dtype = setting_values(settings, "drafter_digest", "unrecorded"), setting_values(settings, "dtype", "float32")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"acceptance": acceptance, "speed": speed, "machine": args.machine, "drafter_digests": drafter,
-                   "dtype": dtype}, f,
-                  indent=1)
+                   "dtype": dtype}, f, indent=1)
+    text = readme(acceptance, speed, args.machine, drafter, dtype)
     with open(os.path.join(args.out, "README.md"), "w") as f:
-        f.write(readme(acceptance, speed, args.machine, drafter, dtype))
-    for name in sorted(os.listdir(args.runs)):
-        src = os.path.join(args.runs, name, "records.jsonl")
-        if os.path.isfile(src):
-            os.makedirs(os.path.join(args.out, "records"), exist_ok=True)
-            shutil.copyfile(src, os.path.join(args.out, "records", f"{name}.jsonl"))
-    print(readme(acceptance, speed, args.machine, drafter, dtype))
+        f.write(text)
+    for name, src in record_files(args.runs):
+        os.makedirs(os.path.join(args.out, "records"), exist_ok=True)
+        shutil.copyfile(src, os.path.join(args.out, "records", f"{name}.jsonl"))
+    print(text)
 
 
 if __name__ == "__main__":
