@@ -4,7 +4,9 @@ Given the anchor (the last committed token) of each row, the target features of 
 tokens the proposer has not seen yet (padded across rows: `context_lens` says how many are each
 row's) and its own cache, a proposer returns a `Proposal`: the greedy token
 of each of its K branches at each of the b draft positions, and the category prior over the
-branches (DBLast Eq 18-19). The decode loop chooses a branch, has the target score it and
+branches (DBLast Eq 18-19); optionally each branch's m likeliest tokens at each position and
+their probabilities (a `RankedProposal`), from which trie verification adds extra leaves
+(dblast_ext.trie.add_alternative_leaves). The decode loop chooses a branch, has the target score it and
 verifies exactly, so any proposer whose proposals meet `branch_verify`'s contract (int64 ids
 below the vocabulary, a finite prior summing to 1 per row: docs/ops.md) keeps the output
 distribution the target's; only the acceptance depends on it.
@@ -16,6 +18,7 @@ from typing import NamedTuple, Optional, Protocol, Sequence
 
 import torch
 
+from . import reference
 from .draft_vocabulary import DraftVocab, draft_vocabulary, end_of_sequence_ids
 from .drafter import DBlastDrafter, DrafterCache
 from .target import TargetAdapter
@@ -24,6 +27,15 @@ from .target import TargetAdapter
 class Proposal(NamedTuple):
     branch_tokens: torch.Tensor  # [N, K, b] int64: branch z's greedy token at draft position i
     prior: torch.Tensor          # [N, K] float32: the tempered category distribution (rows sum to 1)
+
+
+class RankedProposal(NamedTuple):
+    """A Proposal that also ranks tokens, for trie verification's extra leaves (a type of its
+    own, so that a two-field Proposal still unpacks as `tokens, prior = proposal`)."""
+    branch_tokens: torch.Tensor  # [N, K, b] int64, as Proposal's
+    prior: torch.Tensor          # [N, K] float32, as Proposal's
+    top_tokens: torch.Tensor     # [N, K, b, m] int64: branch z's m likeliest tokens at position i, likeliest first
+    top_probs: torch.Tensor      # [N, K, b, m] float32: the branch's probabilities of them
 
 
 class ProposerCache(Protocol):
@@ -52,7 +64,10 @@ class Proposer(Protocol):
 class DrafterProposer:
     """A DBlastDrafter as a proposer: one drafter pass on [anchor, mask x b], the K-branch
     expansion and LM-head argmax over the draft vocabulary, and the prior at category
-    temperature Z_T (0: all mass on the prior's argmax branch)."""
+    temperature Z_T (0: all mass on the prior's argmax branch). With `top_tokens` = m > 0 it
+    also ranks each branch's m likeliest tokens at every position (trie verification's extra
+    leaves; the decode loop sets it): the LM head's logits are then computed whole, in the
+    head's dtype, and the branch tokens are their argmax (the fused op returns the argmax only)."""
 
     def __init__(self, drafter: DBlastDrafter, target: TargetAdapter, *, category_temperature: float = 1.0,
                  draft_vocab: DraftVocab = None, use_kernels: bool = True):
@@ -64,6 +79,7 @@ class DrafterProposer:
         self.use_kernels = use_kernels
         self.draft_ids = draft_vocabulary(draft_vocab, target.vocab_size, end_of_sequence_ids(target.model))
         self._draft_head = None  # (the LM head it was gathered from, ids there, the gathered rows)
+        self.top_tokens = 0      # m: rank each branch's m likeliest tokens per position (0: only the argmax)
 
     @property
     def category_temperature(self) -> float:
@@ -100,7 +116,31 @@ class DrafterProposer:
         hidden = self.drafter(self.target.embed(block_ids), context, cache, use_kernels=self.use_kernels,
                               context_lens=context_lens)
         prior = self.drafter.branch_prior(hidden[:, 0], self.category_temperature).float()
+        if self.top_tokens > 0:
+            top_tokens, top_probs = self.ranked_tokens(hidden, self.top_tokens)
+            return RankedProposal(top_tokens[..., 0].contiguous(), prior, top_tokens, top_probs)
         return Proposal(self.draft_tokens(hidden), prior)
+
+    def ranked_tokens(self, block_hidden: torch.Tensor, m: int):
+        """Every branch's m likeliest tokens at every draft position over the draft vocabulary,
+        likeliest first, and the drafter's probabilities of them (softmax over that vocabulary):
+        ([N, K, b, m] int64, [N, K, b, m] float32)."""
+        rows, block, width = block_hidden.shape
+        head, ids = self.target.lm_head_weight[:self.target.vocab_size], None
+        if self.draft_ids is not None:
+            ids = self.draft_ids.to(head.device)
+            head = head.index_select(0, ids)
+        drafter = self.drafter
+        hidden = block_hidden[:, 1:].reshape(rows * (block - 1), width).to(head.dtype)
+        expander = ((drafter.branch_expander.weight.to(head.dtype), drafter.branch_expander.bias.to(head.dtype))
+                    if drafter.num_branches > 1 else (None, None))
+        # h_z = h + W_z h + b_z as dblast::branch_argmax expands it (float32), then the head in its own dtype
+        states = reference.branch_states(hidden, *expander).to(head.dtype)     # [N * b, K, H]
+        logits = (states @ head.T).float()                                      # [N * b, K, V']
+        probs, local = torch.softmax(logits, dim=-1).topk(min(m, head.shape[0]), dim=-1)
+        tokens = local if ids is None else ids[local]
+        shape = (rows, block - 1, drafter.num_branches, tokens.shape[-1])
+        return tokens.view(shape).transpose(1, 2).contiguous(), probs.view(shape).transpose(1, 2).contiguous()
 
     def draft_tokens(self, block_hidden: torch.Tensor) -> torch.Tensor:
         """Every branch's greedy token at every draft position, [N, K, b], over the draft
@@ -137,10 +177,22 @@ def check_proposer(proposer: Proposer, num_target_layers: int) -> None:
                          f"{num_target_layers} layers")
 
 
-def check_proposal(proposal: Proposal, vocab_size: int) -> None:
+def check_proposal(proposal, vocab_size: int) -> None:
     """The verifiers' value checks of a proposal, for a loop that feeds it to the target before
-    any verifier sees it (trie verification): ids within the vocabulary, a prior summing to 1."""
+    any verifier sees it (trie verification): ids within the vocabulary, a prior summing to 1,
+    and ranked tokens (when given) shaped [N, K, b, m] with probabilities in [0, 1]."""
     tokens, prior = proposal.branch_tokens, proposal.prior
+    top, probs = getattr(proposal, "top_tokens", None), getattr(proposal, "top_probs", None)
+    if (top is None) != (probs is None):
+        raise ValueError("proposal top_tokens and top_probs are given together or not at all")
+    if top is not None:
+        if top.dim() != 4 or top.shape[:3] != tokens.shape or probs.shape != top.shape:
+            raise ValueError(f"proposal top_tokens and top_probs must be [N, K, b, m] with [N, K, b] = "
+                             f"{list(tokens.shape)}; got {list(top.shape)} and {list(probs.shape)}")
+        if not ((top >= 0) & (top < vocab_size)).all():
+            raise ValueError(f"proposal top_tokens has entries outside [0, {vocab_size})")
+        if not (torch.isfinite(probs) & (probs >= 0) & (probs <= 1)).all():
+            raise ValueError("proposal top_probs must be finite and in [0, 1]")
     ok = torch.stack([((tokens >= 0) & (tokens < vocab_size)).all(),
                       (torch.isfinite(prior) & (prior >= 0)).all(),
                       ((prior.sum(-1) - 1).abs() <= 1e-4).all()]).tolist()
@@ -152,4 +204,4 @@ def check_proposal(proposal: Proposal, vocab_size: int) -> None:
         raise ValueError("proposal prior rows must sum to 1 (within 1e-4)")
 
 
-__all__ = ["Proposal", "Proposer", "ProposerCache", "DrafterProposer", "check_proposer", "check_proposal"]
+__all__ = ["Proposal", "RankedProposal", "Proposer", "ProposerCache", "DrafterProposer", "check_proposer", "check_proposal"]

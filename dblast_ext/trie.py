@@ -10,6 +10,12 @@ trie only decides how many draws one target pass yields. A walk visits one node 
 drawing all nodes of a depth with that depth's uniform is exact too (they share it without
 ever being used together), which lets one `sample_tokens` launch draw every node at once.
 
+Extra leaves (`add_alternative_leaves`): the drafter also ranks the tokens it did not draft. A
+few of the likeliest, weighted by the prior of the branches through a node, become extra
+children of that node (leaves: nothing is drafted after them). The walk is unchanged and stays
+exact, since any fixed trie is; an extra leaf turns a draw that would have ended the cycle at
+its parent into one more committed token and the bonus draw after it.
+
 Rows: row 0 is the anchor (depth 0), rows 1..N the trie's nodes, parents before children.
 """
 from dataclasses import dataclass
@@ -17,14 +23,15 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-__all__ = ["DraftTrie", "build_trie", "TrieWalk"]
+__all__ = ["DraftTrie", "build_trie", "add_alternative_leaves", "TrieWalk"]
 
 
 @dataclass
 class TrieWalk:
     tokens: List[int]     # the committed tokens: accepted drafts, then the walk's last draw
     rows: List[int]       # the rows whose target state is kept: the anchor and the accepted nodes
-    branches: List[int]   # the branches whose drafts begin with the accepted ones (all K at 0 accepted)
+    branches: List[int]   # the branches whose drafts begin with the accepted ones (all K at 0 accepted;
+    # ending on an extra leaf: those through its parent)
     expected_accepted: float  # sum over nodes of the chance the walk reaches it
     branch_rule_expected: Optional[float] = None  # greedy-branch verification's expected accepted drafts
     # for the same proposal and target distributions (None when a node budget cut the trie)
@@ -36,9 +43,11 @@ class DraftTrie:
     parents: List[int]                # parent row of row r (-1 for the anchor)
     depths: List[int]                 # depth of row r (anchor 0)
     children: List[Dict[int, int]]    # per row: child token -> child row
-    branches: List[List[int]]         # per row: the branches through it (the anchor: all)
-    mass: List[float]                 # per row: the prior mass of those branches
+    branches: List[List[int]]         # per row: the branches through it (the anchor: all; an extra
+                                      # leaf: those through its parent, which leave the path there)
+    mass: List[float]                 # per row: the prior mass of the branches drafting it (0: extra leaf)
     complete: bool = True             # every branch's every draft is a node (no node budget cut it)
+    extra_leaves: int = 0             # rows added by add_alternative_leaves (the last ones)
 
     @property
     def num_nodes(self) -> int:
@@ -150,3 +159,42 @@ def _keep_rows(trie: DraftTrie, kept: List[int]) -> DraftTrie:
     return DraftTrie([trie.tokens[r] for r in order], parents, [trie.depths[r] for r in order], children,
                      [trie.branches[r] for r in order], [trie.mass[r] for r in order], complete=False)
 
+
+
+def add_alternative_leaves(trie: DraftTrie, top_tokens: Sequence[Sequence[Sequence[int]]],
+                           top_probs: Sequence[Sequence[Sequence[float]]], prior: Sequence[float],
+                           count: int) -> DraftTrie:
+    """Adds up to `count` leaves to `trie` (in place; returned): the drafter's likeliest tokens
+    that are not yet children. `top_tokens` / `top_probs` [K][b][m]: branch z's m most probable
+    tokens at each draft position and its probabilities for them. A candidate token t under node
+    r (depth d < b) scores sum over the branches z through r of prior[z] * q_z(t at position d + 1),
+    the prior-weighted chance the drafter would have drafted r's path then t (a branch's
+    probability for a token outside its top m counts as 0); the `count` best are kept (ties: the
+    lower row, then the lower token). Extra leaves carry no prior mass, so the greedy-branch
+    rule's figure (`TrieWalk.branch_rule_expected`) is that of the branches alone."""
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    num_draft = len(top_tokens[0]) if len(top_tokens) else 0
+    scores: Dict[tuple, float] = {}
+    for row in range(len(trie.tokens)):
+        depth = trie.depths[row]
+        if depth >= num_draft or trie.mass[row] <= 0:   # no draft position below it, or itself an extra leaf
+            continue
+        children = trie.children[row]
+        for k in trie.branches[row]:
+            for token, prob in zip(top_tokens[k][depth], top_probs[k][depth]):
+                token = int(token)
+                if token not in children:
+                    scores[(row, token)] = scores.get((row, token), 0.0) + float(prior[k]) * float(prob)
+    best = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:count]
+    for (parent, token), _ in sorted(best):   # by parent row: parents stay before their children
+        row = len(trie.tokens)
+        trie.children[parent][token] = row
+        trie.tokens.append(token)
+        trie.parents.append(parent)
+        trie.depths.append(trie.depths[parent] + 1)
+        trie.children.append({})
+        trie.branches.append(list(trie.branches[parent]))
+        trie.mass.append(0.0)
+    trie.extra_leaves += len(best)
+    return trie

@@ -6,7 +6,7 @@ import torch
 
 from dblast_ext import load_drafter, reference
 from dblast_ext.decoding import SpeculativeDecoder
-from dblast_ext.proposer import Proposal
+from dblast_ext.proposer import Proposal, RankedProposal
 from tiny_models import tiny_target, write_dflash_checkpoint
 
 PROMPT = [3, 17, 42, 8, 25]
@@ -102,12 +102,13 @@ class OracleProposer:
     def draft_from_prefix(self):
         """[1, K, b]: the greedy path after self.prefix and its runner-up variants."""
         num_draft = self.block_size - 1
-        path, runner_up = list(self.prefix), []
+        path, runner_up, self.ranked = list(self.prefix), [], []
         with torch.no_grad():
             for _ in range(num_draft):
-                top2 = self.target(torch.tensor([path], device=self.device)).logits[0, -1].topk(2).indices.tolist()
-                path.append(top2[0])
-                runner_up.append(top2[1])
+                top = self.target(torch.tensor([path], device=self.device)).logits[0, -1].topk(4).indices.tolist()
+                path.append(top[0])
+                runner_up.append(top[1])
+                self.ranked.append(top)   # the target's 4 likeliest after the greedy path so far
         greedy = path[len(self.prefix):]
         rows = [list(greedy) for _ in range(self.num_branches)]
         for z in range(1, self.num_branches):
@@ -115,9 +116,28 @@ class OracleProposer:
         return torch.tensor([rows], device=self.device)
 
 
-def oracle_decoder(dec, branches, prompt, **decoder_kwargs):
-    """`dec`'s target driven by an OracleProposer, and that proposer."""
-    oracle = OracleProposer(dec, branches, prompt)
+class RankedOracleProposer(OracleProposer):
+    """OracleProposer that also ranks tokens (a `RankedProposal`, for trie verification's
+    extra leaves): at each position every branch ranks its own draft first, then the target's
+    likeliest tokens after the greedy path, so that extra leaves are tokens the target often
+    draws. Probabilities 0.5, 0.3, 0.15, 0.05 by rank."""
+
+    PROBS = (0.5, 0.3, 0.15, 0.05)
+
+    def propose(self, anchors, context, cache, context_lens=None):
+        proposal = super().propose(anchors, context, cache, context_lens)
+        drafts = proposal.branch_tokens[0].tolist()
+        top = [[[draft] + [t for t in ranked if t != draft][:len(self.PROBS) - 1]
+                for draft, ranked in zip(row, self.ranked)] for row in drafts]
+        top_tokens = torch.tensor([top], device=self.device)
+        top_probs = torch.tensor(self.PROBS, device=self.device).expand(top_tokens.shape).clone()
+        return RankedProposal(proposal.branch_tokens, proposal.prior, top_tokens, top_probs)
+
+
+def oracle_decoder(dec, branches, prompt, ranked=False, **decoder_kwargs):
+    """`dec`'s target driven by an OracleProposer (a RankedOracleProposer with `ranked`), and
+    that proposer."""
+    oracle = (RankedOracleProposer if ranked else OracleProposer)(dec, branches, prompt)
     return SpeculativeDecoder(dec.target.model, proposer=oracle, **decoder_kwargs), oracle
 
 

@@ -397,6 +397,14 @@ def test_a_tree_node_budget_without_tree_verification_or_below_one_is_named_befo
 
 
 @pytest.mark.parametrize("subcommand", DRAFTING_SUBCOMMANDS)
+@pytest.mark.parametrize("flags", [["--extra-leaves", "2"], ["--verify", "tree", "--extra-leaves", "-1"]])
+def test_extra_leaves_without_tree_verification_or_below_zero_are_named_before_loading(files, capsys, subcommand,
+                                                                                      flags):
+    fails_cleanly(capsys, [*every_model_subcommand(files)[subcommand], *flags], "--extra-leaves must be >= 0")
+
+
+@pytest.mark.parametrize("subcommand", DRAFTING_SUBCOMMANDS)
 def test_tree_verification_reaches_model_loading(files, subcommand):
     with pytest.raises(ModelLoaded):
-        main([*every_model_subcommand(files)[subcommand], "--verify", "tree", "--max-tree-nodes", "8"])
+        main([*every_model_subcommand(files)[subcommand], "--verify", "tree", "--max-tree-nodes", "8",
+              "--extra-leaves", "2"])

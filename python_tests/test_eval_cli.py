@@ -7,6 +7,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from dblast_ext.cli import main  # noqa: E402
+from dblast_ext.decoding import TREE_EXTRA_LEAVES  # noqa: E402
 from dblast_ext.eval.metrics import summarize  # noqa: E402
 from dblast_ext.eval.records import read_records  # noqa: E402
 from tiny_models import write_dflash_checkpoint, write_tiny_target_dir  # noqa: E402
@@ -68,15 +69,19 @@ def test_eval_writes_records_summary_report_and_plots(setup, capsys):
 
 
 def test_tree_eval_records_the_nodes_and_the_branch_rules_same_context_figure(setup):
-    """Trie verification's records: the nodes of each pass and, without a node budget, the branch
-    rule's expected accepted drafts on the same proposals, never above the trie's own."""
+    """Trie verification's records: the nodes of each pass, the extra leaves in the settings and,
+    without a node budget, the branch rule's expected accepted drafts on the same proposals, never
+    above the trie's own (extra leaves only add to the trie's)."""
     run_eval(setup, setup[0] / "tree", "--branches", "4", "--verify", "tree", "--temperature", "1.0")
     for r in read_records(str(setup[0] / "tree" / "records.jsonl")):
+        assert r["settings"]["verify"] == "tree" and r["settings"]["extra_leaves"] == TREE_EXTRA_LEAVES
         assert len(r.get("tree_nodes", [])) == len(r.get("branch_rule_expected", [])) == len(r["expected_accepted"])
         assert all(b <= e + 1e-5 for b, e in zip(r["branch_rule_expected"], r["expected_accepted"]))
-    run_eval(setup, setup[0] / "tree-cut", "--branches", "4", "--verify", "tree", "--max-tree-nodes", "3")
+    run_eval(setup, setup[0] / "tree-cut", "--branches", "4", "--verify", "tree", "--max-tree-nodes", "3",
+             "--extra-leaves", "0")
     for r in read_records(str(setup[0] / "tree-cut" / "records.jsonl")):
         assert max(r["tree_nodes"]) <= 3 and "branch_rule_expected" not in r
+        assert "extra_leaves" not in r["settings"]
 
 
 def test_eval_is_reproducible_and_resumes_where_it_stopped(setup):

@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLLECT = os.path.join(ROOT, "recipes", "smollm2", "tree_collect.py")
 
 
-def write_records(folder, accepted, *, expected, branch_rule=None, nodes=None, ar_wall_time=None):
+def write_records(folder, accepted, *, expected, branch_rule=None, nodes=None, ar_wall_time=None, settings=None):
     """Three prompts per dataset, five cycles each accepting `accepted` drafts."""
     os.makedirs(folder)
     with open(os.path.join(folder, "records.jsonl"), "w") as f:
@@ -21,7 +21,7 @@ def write_records(folder, accepted, *, expected, branch_rule=None, nodes=None, a
                 record = dict(dataset=dataset, prompt_id=str(prompt), turn=0, accepted=[accepted] * 5,
                               expected_accepted=[expected] * 5, block_size=8, eos_terminated=False,
                               new_tokens=1 + 5 * (accepted + 1), wall_time=2.0, text="",
-                              settings={"drafter_digest": "abc123", "temperature": 1.0})
+                              settings={"drafter_digest": "abc123", "temperature": 1.0, **(settings or {})})
                 if branch_rule is not None:
                     record["branch_rule_expected"] = [branch_rule] * 5
                 if nodes is not None:
@@ -36,7 +36,8 @@ def collected(tmp_path):
     runs = tmp_path / "runs"
     for t in ("0.7", "1.0", "1.5"):
         write_records(runs / f"branch-T{t}", 1, expected=0.8)
-        write_records(runs / f"tree-T{t}", 2, expected=1.5, branch_rule=1.0, nodes=20)
+        write_records(runs / f"tree-T{t}", 2, expected=1.5, branch_rule=1.0, nodes=20,
+                      settings={"verify": "tree", "extra_leaves": 4})
     write_records(runs / "speed-branch-B8-T1.0", 1, expected=0.8, ar_wall_time=3.0)
     write_records(runs / "speed-tree-B8-T1.0", 2, expected=1.5, nodes=20, ar_wall_time=5.0)
     out = tmp_path / "out"
@@ -58,6 +59,7 @@ def test_the_table_gives_each_rules_tokens_per_pass_and_the_same_context_figures
     assert "| 1.0 | gsm8k | 3 | 2.000 [2.00, 2.00] | 3.000 [3.00, 3.00] | +50.0% |" in text
     assert "| 1.000 -> 1.500 (+50%) | 20.0 |" in text and "digest abc123" in text
     assert "test machine; float32 target" in text  # dblast eval's default dtype: the settings name no other
+    assert "Extra leaves per trie: 4." in text and summary["extra_leaves"] == ["4"]
     assert len(os.listdir(collected / "records")) == 8
 
 

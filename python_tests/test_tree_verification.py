@@ -8,7 +8,9 @@ pytest.importorskip("transformers")
 
 from dblast_ext import trie as trie_module  # noqa: E402
 from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
-from dblast_ext.trie import TrieWalk, build_trie  # noqa: E402
+from dblast_ext import reference  # noqa: E402
+from dblast_ext.decoding import TREE_EXTRA_LEAVES  # noqa: E402
+from dblast_ext.trie import TrieWalk, add_alternative_leaves, build_trie  # noqa: E402
 from decoding_cases import (MASK, PROMPT, SMALL_PROMPT, SMALL_VOCAB, exact_prefix_joint, hf_greedy,  # noqa: E402
                             make_decoder, oracle_decoder)
 from losslessness import chi_square_pvalue  # noqa: E402
@@ -52,6 +54,41 @@ def test_a_node_budget_keeps_the_heaviest_nodes_and_their_ancestors(budget):
     kept_masses = sorted((kept.mass[r] for r in prefixes), reverse=True)
     assert kept_masses == masses[:budget]
     assert set(prefixes.values()) <= set(full_prefix.values())
+
+
+def hand_ranked_trie(count):
+    """Branches [5, 6] and [5, 9] (prior 0.6 / 0.4), each ranking three tokens per position. Under
+    the anchor (child 5): 8 scores 0.6 * 0.1 + 0.4 * 0.35 = 0.20, 7 scores 0.6 * 0.3 = 0.18, 3
+    scores 0.4 * 0.2 = 0.08; under node 5 (children 6 and 9): 4 scores 0.6 * 0.1 + 0.4 * 0.15 = 0.12.
+    The depth-2 nodes have no draft position below them."""
+    top_tokens = [[[5, 7, 8], [6, 9, 4]], [[5, 8, 3], [9, 6, 4]]]
+    top_probs = [[[0.5, 0.3, 0.1], [0.6, 0.2, 0.1]], [[0.4, 0.35, 0.2], [0.5, 0.3, 0.15]]]
+    return add_alternative_leaves(build_trie([[5, 6], [5, 9]], [0.6, 0.4]), top_tokens, top_probs, [0.6, 0.4], count)
+
+
+def test_extra_leaves_are_the_best_scored_tokens_that_are_not_children():
+    assert hand_ranked_trie(0).num_nodes == 3
+    two = hand_ranked_trie(2)
+    assert two.tokens[4:] == [7, 8] and two.parents[4:] == [0, 0] and two.depths[4:] == [1, 1]
+    assert two.children[0] == {5: 1, 7: 4, 8: 5} and two.extra_leaves == 2
+    assert two.mass[4:] == [0.0, 0.0] and two.branches[4:] == [[0, 1], [0, 1]]
+    three = hand_ranked_trie(3)
+    assert three.tokens[4:] == [7, 8, 4] and three.parents[6] == 1 and three.depths[6] == 2
+    assert hand_ranked_trie(10).num_nodes == 3 + 4   # 7, 8, 3 under the anchor, 4 under node 5: all there are
+    with pytest.raises(ValueError, match="count"):
+        hand_ranked_trie(-1)
+
+
+def test_an_extra_leaf_adds_to_the_walk_but_not_to_the_branch_rules_figure():
+    """With the target's probability 0.5 for 5, 0.2 for 7, 0.1 for 8 under the anchor and 0.5 for
+    6 and 9 under 5: the walk reaches the extra leaves with 0.2 and 0.1 more; the branch rule's
+    figure is that of the branches alone (test_the_walk_gives_the_branch_rules_expected_length...)."""
+    trie = hand_ranked_trie(2)
+    probs = [[0.5, 0.2, 0.1], [0.5, 0.5], [0.0], [0.0], [0.0], [0.0]]
+    walk = trie.walk([8, 0, 0, 0, 0, 11], probs)
+    assert walk.tokens == [8, 11] and walk.rows == [0, 5] and walk.branches == [0, 1]
+    assert walk.expected_accepted == pytest.approx(0.5 + 0.2 + 0.1 + 0.25 + 0.25)
+    assert walk.branch_rule_expected == pytest.approx(0.5 + 0.5 * 0.5 + 0.5 * 0.4)
 
 
 def test_the_mask_shows_each_row_its_ancestors_and_the_context():
@@ -167,6 +204,8 @@ def test_a_node_budget_bounds_the_nodes_scored(tmp_path):
     (dict(verify="trie"), "verify must be one of"),
     (dict(verify="branch", max_tree_nodes=4), "max_tree_nodes"),
     (dict(verify="tree", max_tree_nodes=0), "max_tree_nodes"),
+    (dict(verify="branch", extra_leaves=2), "extra_leaves"),
+    (dict(verify="tree", extra_leaves=-1), "extra_leaves"),
 ])
 def test_bad_tree_settings_fail_clearly(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -199,10 +238,11 @@ def descend_on_any_draw(self, drawn, child_probs):
     return TrieWalk(tokens, rows, list(self.branches[rows[-1]]), 0.0)
 
 
-def committed_joint_counts(branches, sampling, samples, length=4, block_size=4):
+def committed_joint_counts(branches, sampling, samples, length=4, block_size=4, extra_leaves=0):
     """Counts of the first `length` committed tokens over `samples` seeds, with the oracle
-    proposer (drafts the target often accepts, branches splitting at different depths), and the
-    target's exact joint."""
+    proposer (drafts the target often accepts, branches splitting at different depths; with
+    `extra_leaves`, ranking tokens for that many extra leaves per trie), the target's exact
+    joint, the first cycle's accepted drafts, and whether each walk ended on an extra leaf."""
     import tempfile
     with tempfile.TemporaryDirectory() as folder:
         from pathlib import Path
@@ -212,15 +252,27 @@ def committed_joint_counts(branches, sampling, samples, length=4, block_size=4):
         dec.target.model.lm_head.weight.mul_(12.0)
     exact = exact_prefix_joint(dec.target.model, SMALL_PROMPT, sampling, length)
     counts = np.zeros_like(exact)
-    accepted = []
-    for seed in range(samples):
-        tree_dec, oracle = oracle_decoder(dec, branches, SMALL_PROMPT, verify="tree")
-        out = tree_dec.generate(SMALL_PROMPT, sampling, max_new_tokens=max(length, block_size + 1), seed=seed,
-                                on_tokens=oracle.on_tokens)
-        assert oracle.prefix == SMALL_PROMPT + out.token_ids
-        counts[tuple(out.token_ids[:length])] += 1
-        accepted.append(out.cycles[0].num_accepted)
-    return counts, exact, np.array(accepted)
+    accepted, on_extra_leaf = [], []
+    walk = trie_module.DraftTrie.walk   # as it is now (a test may have planted a bug in it)
+
+    def spy(trie, drawn, child_probs):
+        result = walk(trie, drawn, child_probs)
+        on_extra_leaf.append(result.rows[-1] >= len(trie.tokens) - trie.extra_leaves > 0)
+        return result
+
+    trie_module.DraftTrie.walk = spy
+    try:
+        for seed in range(samples):
+            tree_dec, oracle = oracle_decoder(dec, branches, SMALL_PROMPT, ranked=extra_leaves > 0, verify="tree",
+                                              extra_leaves=extra_leaves)
+            out = tree_dec.generate(SMALL_PROMPT, sampling, max_new_tokens=max(length, block_size + 1), seed=seed,
+                                    on_tokens=oracle.on_tokens)
+            assert oracle.prefix == SMALL_PROMPT + out.token_ids
+            counts[tuple(out.token_ids[:length])] += 1
+            accepted.append(out.cycles[0].num_accepted)
+    finally:
+        trie_module.DraftTrie.walk = walk
+    return counts, exact, np.array(accepted), np.array(on_extra_leaf)
 
 
 def assert_follows(counts, exact, samples):
@@ -233,27 +285,82 @@ def assert_follows(counts, exact, samples):
 
 
 FULL = pytest.mark.slow
-
-
-@pytest.mark.parametrize("branches,sampling,samples", [
+# (K, filter, seeds): the fast tier's two, the slow tier's three with more seeds
+DISTRIBUTION_CASES = [
     (2, SamplingParams(1.0, 0, 1.0), 400),
     (4, SamplingParams(1.0, 6, 0.9), 400),
     pytest.param(2, SamplingParams(1.0, 6, 0.9), 2000, marks=FULL),
     pytest.param(4, SamplingParams(1.0, 0, 1.0), 2000, marks=FULL),
     pytest.param(4, SamplingParams(0.7, 6, 0.9), 2000, marks=FULL),
-])
+]
+
+
+@pytest.mark.parametrize("branches,sampling,samples", DISTRIBUTION_CASES)
 def test_committed_tokens_follow_the_targets_distribution(branches, sampling, samples):
-    counts, exact, accepted = committed_joint_counts(branches, sampling, samples)
+    counts, exact, accepted, _ = committed_joint_counts(branches, sampling, samples)
     # the walk must reach the deepest nodes often, or the test would check little
     assert np.mean(accepted == 3) > 0.05
     assert_follows(counts, exact, samples)
 
 
-def test_a_walk_descending_on_a_non_child_fails_the_distribution_test(monkeypatch):
+@pytest.mark.parametrize("branches,sampling,samples", DISTRIBUTION_CASES)
+def test_committed_tokens_follow_the_targets_distribution_with_extra_leaves(branches, sampling, samples):
+    counts, exact, accepted, on_extra_leaf = committed_joint_counts(branches, sampling, samples, extra_leaves=3)
+    # walks must end on extra leaves often, and still reach the deepest nodes, or the test would check little
+    assert np.mean(on_extra_leaf) > 0.05 and np.mean(accepted == 3) > 0.05
+    assert_follows(counts, exact, samples)
+
+
+@pytest.mark.parametrize("extra_leaves", [0, 3])
+def test_a_walk_descending_on_a_non_child_fails_the_distribution_test(monkeypatch, extra_leaves):
     monkeypatch.setattr(trie_module.DraftTrie, "walk", descend_on_any_draw)
-    counts, exact, _ = committed_joint_counts(4, SamplingParams(1.0, 0, 1.0), 400)
+    counts, exact, _, _ = committed_joint_counts(4, SamplingParams(1.0, 0, 1.0), 400, extra_leaves=extra_leaves)
     with pytest.raises(AssertionError):
         assert_follows(counts, exact, 400)
+
+
+def test_extra_leaves_add_to_the_tries_expected_length_and_leave_the_branch_rules(tmp_path):
+    """On the same proposals (the oracle's, ranking the target's likeliest tokens), extra leaves
+    raise the trie's expected accepted drafts and leave the branch rule's same-context figure as
+    it was: the leaves carry no prior mass."""
+    dec = make_decoder(tmp_path, branches=4, block_size=4, vocab=SMALL_VOCAB, mask=MASK, layers=2,
+                       target_layer_ids=(0, 1))
+    gains = []
+    for last in range(SMALL_VOCAB - 1):
+        prefix = SMALL_PROMPT + [last]
+        records = []
+        for extra_leaves in (0, 3):
+            tree_dec, _ = oracle_decoder(dec, 4, prefix, ranked=True, verify="tree", extra_leaves=extra_leaves)
+            records.append(tree_dec.first_cycle(prefix, SamplingParams(1.0), seed=0))
+        without, with_leaves = records
+        assert with_leaves.tree_nodes == without.tree_nodes + 3
+        assert with_leaves.branch_rule_expected == pytest.approx(without.branch_rule_expected, abs=1e-6)
+        gains.append(with_leaves.expected_accepted - without.expected_accepted)
+    assert min(gains) >= -1e-6 and np.mean(gains) > 0.05, gains
+
+
+@pytest.mark.parametrize("draft_vocab", [None, 60])
+def test_a_drafter_ranks_its_argmax_first_with_the_references_probability(tmp_path, draft_vocab):
+    """DrafterProposer.ranked_tokens (trie verification's extra leaves): first the token the
+    argmax reference drafts, with probability exp(max logit - logsumexp) of that reference;
+    then tokens of the draft vocabulary in decreasing probability."""
+    dec = make_decoder(tmp_path, branches=4, block_size=4, verify="tree", draft_vocab=draft_vocab)
+    proposer = dec.proposer
+    assert dec.extra_leaves == TREE_EXTRA_LEAVES and proposer.top_tokens == TREE_EXTRA_LEAVES + 1
+    hidden = torch.randn(2, 4, dec.drafter.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    tokens, probs = proposer.ranked_tokens(hidden, 5)
+    assert tokens.shape == probs.shape == (2, 4, 3, 5)
+    proposer.use_kernels = False
+    assert torch.equal(tokens[..., 0], proposer.draft_tokens(hidden))
+    assert (probs[..., :-1] >= probs[..., 1:]).all() and (probs > 0).all()
+    head = dec.target.lm_head_weight[:dec.target.vocab_size]
+    allowed = torch.arange(head.shape[0]) if draft_vocab is None else proposer.draft_ids
+    assert torch.isin(tokens, allowed).all()
+    d = dec.drafter
+    best = reference.branch_argmax(hidden[:, 1:].reshape(-1, hidden.shape[-1]), head[allowed],
+                                   d.branch_expander.weight, d.branch_expander.bias)
+    first = torch.exp(best.max_logits - best.logsumexp).view(2, 3, 4).transpose(1, 2)
+    torch.testing.assert_close(probs[..., 0], first, rtol=1e-5, atol=1e-6)
 
 
 def test_more_tokens_per_pass_than_the_branch_rule_on_the_same_proposals(tmp_path):
@@ -307,7 +414,13 @@ def test_the_walk_gives_the_branch_rules_expected_length_from_the_same_probabili
     assert cut.walk([0] * len(cut.tokens), [[0.5] * max(1, len(c)) for c in cut.children]).branch_rule_expected is None
 
 
-def test_a_proposal_outside_the_vocabulary_is_refused_before_the_target_runs(tmp_path):
+@pytest.mark.parametrize("bad_field,message", [
+    ("branch_tokens", "branch_tokens has entries outside"),
+    ("top_tokens", "top_tokens has entries outside"),
+    ("top_probs", "top_probs must be finite and in"),
+    ("top_shape", "top_tokens and top_probs must be"),
+])
+def test_a_proposal_outside_the_vocabulary_is_refused_before_the_target_runs(tmp_path, bad_field, message):
     dec = make_decoder(tmp_path, branches=2, verify="tree")
 
     class Bad:
@@ -317,9 +430,19 @@ def test_a_proposal_outside_the_vocabulary_is_refused_before_the_target_runs(tmp
             return dec.proposer.new_cache(rows, capacity, device)
 
         def propose(self, anchors, context, cache, context_lens=None):
-            from dblast_ext.proposer import Proposal
-            return Proposal(torch.full((1, 2, 3), 10_000), torch.tensor([[0.5, 0.5]]))
+            from dblast_ext.proposer import RankedProposal
+            tokens, top_tokens = torch.full((1, 2, 3), 1), torch.full((1, 2, 3, 2), 1)
+            top_probs = torch.full((1, 2, 3, 2), 0.5)
+            if bad_field == "branch_tokens":
+                tokens = torch.full((1, 2, 3), 10_000)
+            elif bad_field == "top_tokens":
+                top_tokens = torch.full((1, 2, 3, 2), 10_000)
+            elif bad_field == "top_probs":
+                top_probs = torch.full((1, 2, 3, 2), 1.5)
+            else:
+                top_tokens = torch.full((1, 2, 3), 1)
+            return RankedProposal(tokens, torch.tensor([[0.5, 0.5]]), top_tokens, top_probs)
 
     bad = SpeculativeDecoder(dec.target.model, proposer=Bad(), verify="tree")
-    with pytest.raises(ValueError, match="branch_tokens has entries outside"):
+    with pytest.raises(ValueError, match=message):
         bad.generate(PROMPT, SamplingParams(1.0), max_new_tokens=8)

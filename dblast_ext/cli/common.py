@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ..decoding import VERIFY_MODES, SamplingParams, SpeculativeDecoder
+from ..decoding import TREE_EXTRA_LEAVES, VERIFY_MODES, SamplingParams, SpeculativeDecoder
 from ..drafter import DrafterConfig
 from ..drafter_io import checkpoint_files, config_from_json, load_drafter
 from ..fastest_settings import fastest_exact_settings
@@ -54,8 +54,11 @@ def add_verify_args(p) -> None:
                         "branches into a trie and verify it in one target pass (a bigger pass, more tokens per "
                         "pass; docs/design.md). Both keep the target's distribution (default %(default)s)")
     p.add_argument("--max-tree-nodes", type=int, default=None, metavar="N",
-                   help="with --verify tree: score at most N draft nodes per cycle, those of highest prior mass "
-                        "(default: all)")
+                   help="with --verify tree: score at most N of the branches' nodes per cycle, those of highest "
+                        "prior mass (default: all)")
+    p.add_argument("--extra-leaves", type=int, default=None, metavar="N",
+                   help="with --verify tree: add N leaves to each trie, the drafter's likeliest tokens that no "
+                        f"branch drafted (default {TREE_EXTRA_LEAVES}; 0: the branches' trie alone)")
 
 
 def add_category_temperature_arg(p) -> None:
@@ -211,6 +214,9 @@ def check_args(args) -> DrafterConfig:
     nodes = getattr(args, "max_tree_nodes", None)
     if nodes is not None and (nodes < 1 or getattr(args, "verify", "branch") != "tree"):
         raise ValueError(f"--max-tree-nodes must be >= 1 and needs --verify tree, got {nodes}")
+    leaves = getattr(args, "extra_leaves", None)
+    if leaves is not None and (leaves < 0 or (leaves > 0 and getattr(args, "verify", "branch") != "tree")):
+        raise ValueError(f"--extra-leaves must be >= 0 and needs --verify tree, got {leaves}")
     z = getattr(args, "category_temperature", None)
     if isinstance(z, float) and z < 0:  # `dblast eval` also takes "calibrate" and checks it itself
         raise ValueError(f"--category-temperature must be >= 0, got {z}")
@@ -248,4 +254,5 @@ def drafting_decoder(args, target, path: str, num_branches: Optional[int], categ
     return SpeculativeDecoder(target, drafter, category_temperature=category_temperature,
                               use_kernels=not args.no_kernels, draft_vocab=draft_vocab_of(args),
                               verify=getattr(args, "verify", "branch"),
-                              max_tree_nodes=getattr(args, "max_tree_nodes", None))
+                              max_tree_nodes=getattr(args, "max_tree_nodes", None),
+                              extra_leaves=getattr(args, "extra_leaves", None))

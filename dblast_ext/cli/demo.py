@@ -57,7 +57,7 @@ def run(args) -> int:
     sampling = sampling_of(args)
     stops = stop_token_ids(decoder.target.model, tokenizer)
     vocab = "" if decoder.draft_ids is None else f", drafting from {len(decoder.draft_ids)} token ids"
-    vocab += "" if decoder.verify == "branch" else ", trie verification"
+    vocab += "" if decoder.verify == "branch" else f", trie verification with {decoder.extra_leaves} extra leaves"
     dtype = str(decoder.target.dtype).replace("torch.", "")
     print(f"target SmolLM2-135M-Instruct ({dtype}), drafter {args.drafter} (K = {drafter.num_branches}, block "
           f"{drafter.config.block_size}{vocab}); temperature {args.temperature}, top-p {args.top_p}, top-k {args.top_k}, "

@@ -57,6 +57,8 @@ def run_settings(decoder: SpeculativeDecoder, spec: RunSpec, category_temperatur
         settings["verify"] = decoder.verify
         if decoder.max_tree_nodes is not None:
             settings["max_tree_nodes"] = decoder.max_tree_nodes
+        if decoder.extra_leaves:  # likewise: runs made before extra leaves had none
+            settings["extra_leaves"] = decoder.extra_leaves
     # where the target runs changes timings (and numerics): a resumed run must not pool two.
     # Recorded where they differ from a CPU float32 run, so records made before they were (all
     # CPU, float32) resume as they are

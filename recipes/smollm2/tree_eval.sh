@@ -8,15 +8,18 @@
 # per target pass, tree against branch) per temperature, and a speed pass (--measure-speedup, one
 # process with every core) on the first SPEED_PROMPTS prompts at T 1.0, at block 8 (the drafter's
 # training block) with the whole vocabulary and with the 8,192-id draft vocabulary (the branch
-# rule's fastest exact CPU setting), and there with the trie cut to 12 nodes; then
+# rule's fastest exact CPU setting), and there with the trie cut to 12 branch nodes; then
 # tree_collect.py writes results/smollm2/tree/.
 # Resumable: rerun to continue (each run resumes from its records).
 # Environment (defaults): OUT (runs/smollm2-tree), PROMPTS (10), SPEED_PROMPTS (4),
-# MAX_NEW_TOKENS (128), WORKERS (2: acceptance runs at once, one thread each).
+# MAX_NEW_TOKENS (128), WORKERS (2: acceptance runs at once, one thread each), TEMPS ("1.0 0.7 1.5":
+# the temperatures of the acceptance runs), EXTRA_LEAVES (the trie's, dblast eval's default when unset).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/smollm2-tree} PROMPTS=${PROMPTS:-10} SPEED_PROMPTS=${SPEED_PROMPTS:-4}
-MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-128} WORKERS=${WORKERS:-2}
+MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-128} WORKERS=${WORKERS:-2} TEMPS=${TEMPS:-1.0 0.7 1.5}
+LEAVES=()
+[[ -n ${EXTRA_LEAVES:-} ]] && LEAVES=(--extra-leaves "$EXTRA_LEAVES")
 command -v dblast > /dev/null || { echo "dblast is not on PATH: source .venv/bin/activate (scripts/setup.sh)"; exit 2; }
 mkdir -p "$OUT"
 
@@ -38,17 +41,19 @@ run() {  # run NAME ARGS...: one dblast eval on one thread, skipped once finishe
 
 echo "== acceptance ($(date -u +%T))"
 jobs_running() { jobs -rp | wc -l; }
-for t in 1.0 0.7 1.5; do
+for t in $TEMPS; do
   for verify in branch tree; do
+    leaves=()
+    [[ $verify == tree ]] && leaves=("${LEAVES[@]}")
     # shellcheck disable=SC2046  # one flag per word
-    run "$verify-T$t" --verify "$verify" $(sampling "$t") &
+    run "$verify-T$t" --verify "$verify" "${leaves[@]}" $(sampling "$t") &
     while (( $(jobs_running) >= WORKERS )); do sleep 5; done
   done
 done
 wait
 
 echo "== compare ($(date -u +%T))"
-for t in 1.0 0.7 1.5; do
+for t in $TEMPS; do
   dblast compare "$OUT/branch-T$t" "$OUT/tree-T$t" --all-responses --out "$OUT/compare-T$t.md"
 done
 
@@ -59,12 +64,14 @@ for config in "B8" "B8-V8192"; do
   extra=(--block-size 8)
   [[ $config == B8-V8192 ]] && extra+=(--draft-vocab 8192)
   for verify in branch tree; do
+    leaves=()
+    [[ $verify == tree ]] && leaves=("${LEAVES[@]}")
     name=speed-$verify-$config-T1.0
     [[ -f $OUT/$name/summary.json ]] && { echo "done $name (finished before)"; continue; }
     # shellcheck disable=SC2046
     dblast eval --drafter dblast-k4 --datasets gsm8k,mtbench --num-prompts "$SPEED_PROMPTS" \
       --max-new-tokens "$MAX_NEW_TOKENS" --out "$OUT/$name" --no-progress --measure-speedup --verify "$verify" \
-      "${extra[@]}" $(sampling 1.0) > "$OUT/$name.log" 2>&1 && echo "done $name ($(date -u +%T))" \
+      "${leaves[@]}" "${extra[@]}" $(sampling 1.0) > "$OUT/$name.log" 2>&1 && echo "done $name ($(date -u +%T))" \
       || { echo "FAILED $name: see $OUT/$name.log"; exit 1; }
   done
 done
@@ -74,7 +81,7 @@ if [[ ! -f $OUT/$name/summary.json ]]; then
   # shellcheck disable=SC2046
   dblast eval --drafter dblast-k4 --datasets gsm8k,mtbench --num-prompts "$SPEED_PROMPTS" \
     --max-new-tokens "$MAX_NEW_TOKENS" --out "$OUT/$name" --no-progress --measure-speedup --verify tree \
-    --max-tree-nodes 12 --block-size 8 --draft-vocab 8192 $(sampling 1.0) > "$OUT/$name.log" 2>&1 \
+    --max-tree-nodes 12 "${LEAVES[@]}" --block-size 8 --draft-vocab 8192 $(sampling 1.0) > "$OUT/$name.log" 2>&1 \
     && echo "done $name ($(date -u +%T))" || { echo "FAILED $name: see $OUT/$name.log"; exit 1; }
 fi
 python recipes/smollm2/tree_collect.py --runs "$OUT"
