@@ -126,10 +126,10 @@ class DrafterProposer:
         likeliest first, and the drafter's probabilities of them (softmax over that vocabulary):
         ([N, K, b, m] int64, [N, K, b, m] float32)."""
         rows, block, width = block_hidden.shape
-        head, ids = self.target.lm_head_weight[:self.target.vocab_size], None
-        if self.draft_ids is not None:
-            ids = self.draft_ids.to(head.device)
-            head = head.index_select(0, ids)
+        if self.draft_ids is None:
+            ids, head = None, self.target.lm_head_weight[:self.target.vocab_size]
+        else:
+            ids, head = self._draft_vocab_head()
         drafter = self.drafter
         hidden = block_hidden[:, 1:].reshape(rows * (block - 1), width).to(head.dtype)
         expander = ((drafter.branch_expander.weight.to(head.dtype), drafter.branch_expander.bias.to(head.dtype))
@@ -145,20 +145,24 @@ class DrafterProposer:
     def draft_tokens(self, block_hidden: torch.Tensor) -> torch.Tensor:
         """Every branch's greedy token at every draft position, [N, K, b], over the draft
         vocabulary: the LM head rows of its ids only, the argmax mapped back to token ids."""
-        head = self.target.lm_head_weight
         if self.draft_ids is None:
-            return self.drafter.branch_tokens(block_hidden, head, self.target.vocab_size,
+            return self.drafter.branch_tokens(block_hidden, self.target.lm_head_weight, self.target.vocab_size,
                                               use_kernels=self.use_kernels)
+        ids, rows = self._draft_vocab_head()
+        local = self.drafter.branch_tokens(block_hidden, rows, len(ids), use_kernels=self.use_kernels)
+        return ids[local]
+
+    def _draft_vocab_head(self):
+        """(ids, LM head rows of those ids): gathered once, again if the model moved."""
+        head = self.target.lm_head_weight
         key = (head.data_ptr(), head.device, head.dtype)
-        if self._draft_head is None or self._draft_head[0] != key:  # gathered once, again if the model moved
+        if self._draft_head is None or self._draft_head[0] != key:
             ids = self.draft_ids.to(head.device)
             rows = head.detach().index_select(0, ids)
             if rows.device.type == "cpu":  # the CPU kernel computes in float32 and would upcast 16-bit
                 rows = rows.float()        # rows every call; upcasting is exact, so the argmax is the same
             self._draft_head = (key, ids, rows.contiguous())
-        _, ids, rows = self._draft_head
-        local = self.drafter.branch_tokens(block_hidden, rows, len(ids), use_kernels=self.use_kernels)
-        return ids[local]
+        return self._draft_head[1:]
 
 
 def check_proposer(proposer: Proposer, num_target_layers: int) -> None:
