@@ -11,9 +11,9 @@
 # rule's fastest exact CPU setting), and there with the trie cut to 12 branch nodes; then
 # tree_collect.py writes results/smollm2/tree/.
 # Resumable: rerun to continue (each run resumes from its records).
-# Environment (defaults): OUT (runs/smollm2-tree), PROMPTS (10), SPEED_PROMPTS (4),
-# MAX_NEW_TOKENS (128), WORKERS (2: acceptance runs at once, one thread each), TEMPS ("1.0 0.7 1.5":
-# the temperatures of the acceptance runs), EXTRA_LEAVES (the trie's, dblast eval's default when unset).
+# Environment (defaults): OUT (runs/smollm2-tree), PROMPTS (10), SPEED_PROMPTS (4; 0: no speed pass),
+# MAX_NEW_TOKENS (128), WORKERS (2: acceptance runs at once, one thread each), TEMPS ("1.0 0.7 1.5": the
+# temperatures of the acceptance runs), EXTRA_LEAVES (the trie's; dblast eval's default when unset).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/smollm2-tree} PROMPTS=${PROMPTS:-10} SPEED_PROMPTS=${SPEED_PROMPTS:-4}
@@ -57,6 +57,10 @@ for t in $TEMPS; do
   dblast compare "$OUT/branch-T$t" "$OUT/tree-T$t" --all-responses --out "$OUT/compare-T$t.md"
 done
 
+if (( SPEED_PROMPTS == 0 )); then  # acceptance only (speed later, on idle cores: rerun with SPEED_PROMPTS)
+  python recipes/smollm2/tree_collect.py --runs "$OUT"
+  exit 0
+fi
 echo "== speed ($(date -u +%T))"
 # block 8 with the whole vocabulary, and the fastest exact CPU setting of the branch rule (block 8,
 # draft vocabulary 8192)
