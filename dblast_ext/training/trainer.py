@@ -204,8 +204,21 @@ class _Distributed:
     def __init__(self, device: str):
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
-        if self.world > 1 and not dist.is_initialized():
+        self.owns_group = self.world > 1 and not dist.is_initialized()
+        if self.owns_group:
             dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+
+    def close(self, finished: bool) -> None:
+        """Destroys the process group this object created: one left to the interpreter's exit can
+        abort the process ("terminate called without an active exception") after training succeeded.
+        A finished run first waits for every rank (rank 0 may still be writing `final`); a failed
+        one does not, as its peers may never arrive."""
+        if not self.owns_group or not dist.is_initialized():
+            return
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()
+        self.owns_group = False
 
     def average_gradients(self, parameters, blocks: int) -> int:
         """Turns gradients of per-block loss sums into the gradient of the mean over every block
@@ -355,6 +368,17 @@ def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[
     ends the run early after that step's checkpoint, as an interruption would."""
     device = config.device or default_device()
     parallel = _Distributed(device)
+    finished = False
+    try:
+        summary = _train(config, device, parallel, progress, stop_at_step)
+        finished = True
+        return summary
+    finally:
+        parallel.close(finished)
+
+
+def _train(config: TrainConfig, device: str, parallel: _Distributed, progress: bool,
+           stop_at_step: Optional[int]) -> Dict:
     if parallel.world > 1 and device.startswith("cuda"):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     os.makedirs(config.out, exist_ok=True)
