@@ -14,7 +14,7 @@ enter every layer's k/v projections directly (after `fc` and `hidden_norm`), not
 layer norms. The block embeddings are the target's, times `input_embedding_scale`.
 """
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -269,14 +269,38 @@ class DBlastDrafter(nn.Module):
     def branch_tokens(self, block_hidden: torch.Tensor, lm_head_weight: torch.Tensor, vocab_size: int,
                       use_kernels: bool = True) -> torch.Tensor:
         """Greedy token of every branch at every draft position: [N, K, b] (block positions 1..B-1)."""
+        drafts, expander = self._head_inputs(block_hidden, lm_head_weight.dtype)  # the op takes one dtype
+        argmax = ops.branch_argmax if use_kernels else reference.branch_argmax
+        result = argmax(drafts, lm_head_weight, *expander, vocab_size=vocab_size)
+        return self._per_branch(result.tokens, block_hidden)
+
+    def ranked_branch_tokens(self, block_hidden: torch.Tensor, lm_head_weight: torch.Tensor, vocab_size: int,
+                             m: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Every branch's m likeliest rows of the head (of its first `vocab_size`) at every draft
+        position, likeliest first, and their probabilities (softmax over those rows):
+        ([N, K, b, m] int64, [N, K, b, m] float32)."""
+        head = lm_head_weight[:vocab_size]
+        drafts, expander = self._head_inputs(block_hidden, head.dtype)
+        # h_z = h + W_z h + b_z as dblast::branch_argmax expands it (float32), then the head in its own dtype
+        states = reference.branch_states(drafts, *expander).to(head.dtype)      # [N * b, K, H]
+        logits = (states @ head.T).float()                                       # [N * b, K, V']
+        probs, tokens = torch.softmax(logits, dim=-1).topk(min(m, head.shape[0]), dim=-1)
+        return self._per_branch(tokens, block_hidden), self._per_branch(probs, block_hidden)
+
+    def _head_inputs(self, block_hidden: torch.Tensor, dtype: torch.dtype):
+        """The draft rows [N * b, H] (block positions 1..B-1) and the branch expander (None, None
+        at K = 1), in the head's dtype: what the fused expander + LM head takes."""
         rows, block, width = block_hidden.shape
-        dtype = lm_head_weight.dtype  # the op takes one dtype: the target's
         drafts = block_hidden[:, 1:].reshape(rows * (block - 1), width).to(dtype)
         expander = ((self.branch_expander.weight.to(dtype), self.branch_expander.bias.to(dtype))
                     if self.num_branches > 1 else (None, None))
-        argmax = ops.branch_argmax if use_kernels else reference.branch_argmax
-        result = argmax(drafts, lm_head_weight, *expander, vocab_size=vocab_size)
-        return result.tokens.view(rows, block - 1, self.num_branches).transpose(1, 2).contiguous()
+        return drafts, expander
+
+    def _per_branch(self, per_row: torch.Tensor, block_hidden: torch.Tensor) -> torch.Tensor:
+        """[N * b, K, ...] (row-major over the draft rows) -> [N, K, b, ...]."""
+        rows, block = block_hidden.shape[:2]
+        shaped = per_row.reshape(rows, block - 1, self.num_branches, *per_row.shape[2:])
+        return shaped.transpose(1, 2).contiguous()
 
     @torch.no_grad()
     def add_branch_head(self, num_branches: int, generator: Optional[torch.Generator] = None,

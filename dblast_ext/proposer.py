@@ -18,7 +18,6 @@ from typing import NamedTuple, Optional, Protocol, Sequence
 
 import torch
 
-from . import reference
 from .draft_vocabulary import DraftVocab, draft_vocabulary, end_of_sequence_ids
 from .drafter import DBlastDrafter, DrafterCache
 from .target import TargetAdapter
@@ -125,22 +124,12 @@ class DrafterProposer:
         """Every branch's m likeliest tokens at every draft position over the draft vocabulary,
         likeliest first, and the drafter's probabilities of them (softmax over that vocabulary):
         ([N, K, b, m] int64, [N, K, b, m] float32)."""
-        rows, block, width = block_hidden.shape
         if self.draft_ids is None:
-            ids, head = None, self.target.lm_head_weight[:self.target.vocab_size]
-        else:
-            ids, head = self._draft_vocab_head()
-        drafter = self.drafter
-        hidden = block_hidden[:, 1:].reshape(rows * (block - 1), width).to(head.dtype)
-        expander = ((drafter.branch_expander.weight.to(head.dtype), drafter.branch_expander.bias.to(head.dtype))
-                    if drafter.num_branches > 1 else (None, None))
-        # h_z = h + W_z h + b_z as dblast::branch_argmax expands it (float32), then the head in its own dtype
-        states = reference.branch_states(hidden, *expander).to(head.dtype)     # [N * b, K, H]
-        logits = (states @ head.T).float()                                      # [N * b, K, V']
-        probs, local = torch.softmax(logits, dim=-1).topk(min(m, head.shape[0]), dim=-1)
-        tokens = local if ids is None else ids[local]
-        shape = (rows, block - 1, drafter.num_branches, tokens.shape[-1])
-        return tokens.view(shape).transpose(1, 2).contiguous(), probs.view(shape).transpose(1, 2).contiguous()
+            return self.drafter.ranked_branch_tokens(block_hidden, self.target.lm_head_weight,
+                                                     self.target.vocab_size, m)
+        ids, rows = self._draft_vocab_head()
+        local, probs = self.drafter.ranked_branch_tokens(block_hidden, rows, len(ids), m)
+        return ids[local], probs
 
     def draft_tokens(self, block_hidden: torch.Tensor) -> torch.Tensor:
         """Every branch's greedy token at every draft position, [N, K, b], over the draft

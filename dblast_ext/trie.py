@@ -178,7 +178,9 @@ def add_alternative_leaves(trie: DraftTrie, top_tokens: Sequence[Sequence[Sequen
     scores: Dict[tuple, float] = {}
     for row in range(len(trie.tokens)):
         depth = trie.depths[row]
-        if depth >= num_draft or trie.mass[row] <= 0:   # no draft position below it, or itself an extra leaf
+        # no draft position below it, or no prior mass (an extra leaf, or a node only zero-prior
+        # branches reach): every candidate below it would score 0
+        if depth >= num_draft or trie.mass[row] <= 0:
             continue
         children = trie.children[row]
         for k in trie.branches[row]:
