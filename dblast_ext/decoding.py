@@ -71,8 +71,9 @@ class SpeculativeDecoder:
         (False: their pure-PyTorch reference, same results).
         `verify`: "branch" verifies one branch drawn from the prior (DBLast Eq 18-21); "tree"
         merges all K branches into a trie and verifies it in one target pass (dblast_ext.trie;
-        Z_T then only ranks nodes for `max_tree_nodes`, the most branch nodes scored per cycle,
-        None for all), plus `extra_leaves` leaves (default TREE_EXTRA_LEAVES; 0 for none): the
+        `max_tree_nodes` caps the branch nodes scored per cycle, None for all: those the drafter
+        expects a walk to reach most often when it ranks its tokens, else those of the most prior
+        mass at category temperature Z_T), plus `extra_leaves` leaves (default TREE_EXTRA_LEAVES; 0 for none): the
         drafter's likeliest tokens that no branch drafted, from a proposer that ranks them
         (returning a `proposer.RankedProposal`; a DrafterProposer is told to). Both modes leave the output
         distribution the target's.
@@ -108,8 +109,9 @@ class SpeculativeDecoder:
             check_proposer(proposer, target.config.num_hidden_layers)
             self.target = TargetAdapter(target, proposer.target_layer_ids)
         self.proposer = proposer
-        if self.extra_leaves and isinstance(proposer, DrafterProposer):
-            proposer.top_tokens = self.extra_leaves + 1  # one of a branch's m may be its own draft
+        if (self.extra_leaves or self.max_tree_nodes) and isinstance(proposer, DrafterProposer):
+            # one of a branch's m may be its own draft; a node budget needs the drafts' probabilities
+            proposer.top_tokens = self.extra_leaves + 1
 
     @property
     def use_kernels(self) -> bool:
@@ -312,10 +314,14 @@ class SpeculativeDecoder:
         if validate or not isinstance(self.proposer, DrafterProposer):
             check_proposal(proposal, self.target.vocab_size)
         prior = proposal.prior[0].tolist()
-        trie = build_trie(proposal.branch_tokens[0].tolist(), prior, self.max_tree_nodes)  # 2. the trie
-        if self.extra_leaves and getattr(proposal, "top_tokens", None) is not None:
-            add_alternative_leaves(trie, proposal.top_tokens[0].tolist(), proposal.top_probs[0].tolist(), prior,
-                                   self.extra_leaves)
+        ranked = getattr(proposal, "top_tokens", None) is not None
+        top_probs = proposal.top_probs[0].tolist() if ranked else None
+        # a node budget keeps the nodes the drafter most expects a walk to reach, when it ranked its tokens
+        token_probs = [[p[0] for p in branch] for branch in top_probs] if ranked and self.max_tree_nodes else None
+        trie = build_trie(proposal.branch_tokens[0].tolist(), prior, self.max_tree_nodes,  # 2. the trie
+                          token_probs=token_probs)
+        if self.extra_leaves and ranked:
+            add_alternative_leaves(trie, proposal.top_tokens[0].tolist(), top_probs, prior, self.extra_leaves)
         trie.tokens[0] = anchor
         t1 = time.perf_counter()
 

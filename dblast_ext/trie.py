@@ -111,16 +111,24 @@ class DraftTrie:
 
 
 def build_trie(branch_tokens: Sequence[Sequence[int]], prior: Sequence[float],
-               max_nodes: Optional[int] = None) -> DraftTrie:
+               max_nodes: Optional[int] = None,
+               token_probs: Optional[Sequence[Sequence[float]]] = None) -> DraftTrie:
     """The trie of the distinct prefixes of K branches ([K][b] token ids), each node weighted by
     the prior mass of the branches through it. `max_nodes`: keep that many nodes, those of the
-    highest mass (ties: shallower, then lower branch first), which always keeps a node's
-    ancestors (an ancestor's mass is at least its descendant's and it comes first in ties)."""
+    highest score (ties: shallower, then lower branch first), which always keeps a node's
+    ancestors (an ancestor scores at least what its descendants do and comes first in ties).
+    The score is the node's mass, or with `token_probs` ([K][b]: the drafter's probability of
+    each branch's token at each position) the drafter's own estimate of the chance a walk gets
+    there: sum over the branches z through the node of prior[z] times the product of z's token
+    probabilities along the path. That keeps the shallow nodes of every branch before the deep
+    ones of the likeliest branch, which a cycle rarely reaches."""
     num_branches = len(branch_tokens)
     tokens, parents, depths = [-1], [-1], [0]
     children: List[Dict[int, int]] = [{}]
     branches: List[List[int]] = [list(range(num_branches))]
     mass = [float(sum(prior))]
+    reach = [mass[0]]
+    path_prob = [1.0] * num_branches  # product of each branch's token probabilities so far
     where = [0] * num_branches  # the row each branch has reached
     num_draft = len(branch_tokens[0]) if num_branches else 0
     for depth in range(num_draft):  # depth-major: parents before children, shallower first
@@ -136,15 +144,20 @@ def build_trie(branch_tokens: Sequence[Sequence[int]], prior: Sequence[float],
                 children.append({})
                 branches.append([])
                 mass.append(0.0)
+                reach.append(0.0)
             branches[row].append(k)
             mass[row] += float(prior[k])
+            if token_probs is not None:  # clamped to [0, 1]: a child never outscores its parent
+                path_prob[k] *= min(1.0, max(0.0, float(token_probs[k][depth])))
+                reach[row] += float(prior[k]) * path_prob[k]
             where[k] = row
     trie = DraftTrie(tokens, parents, depths, children, branches, mass)
     if max_nodes is None or max_nodes >= trie.num_nodes:
         return trie
     if max_nodes < 1:
         raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
-    ranked = sorted(range(1, len(tokens)), key=lambda r: (-mass[r], r))
+    score = mass if token_probs is None else reach
+    ranked = sorted(range(1, len(tokens)), key=lambda r: (-score[r], r))
     return _keep_rows(trie, sorted(ranked[:max_nodes]))
 
 

@@ -56,6 +56,64 @@ def test_a_node_budget_keeps_the_heaviest_nodes_and_their_ancestors(budget):
     assert set(prefixes.values()) <= set(full_prefix.values())
 
 
+def test_a_node_budget_with_token_probabilities_keeps_the_likeliest_reached_nodes():
+    """Scored by reach (prior x the product of the drafter's token probabilities along the path),
+    the budget keeps the shallow node of a low-prior branch the drafter is sure of before the deep
+    node of the heavy branch it doubts; by mass alone it keeps the heavy branch's path."""
+    branches, prior = [[5, 6, 7], [4, 8, 9]], [0.7, 0.3]
+    probs = [[0.5, 0.2, 0.9], [0.9, 0.9, 0.1]]
+    # reach: 5: 0.35, 56: 0.07, 567: 0.063; 4: 0.27, 48: 0.243, 489: 0.0243
+    by_reach = build_trie(branches, prior, max_nodes=3, token_probs=probs)
+    assert sorted(by_reach.tokens[1:]) == [4, 5, 8]
+    by_mass = build_trie(branches, prior, max_nodes=3)
+    assert sorted(by_mass.tokens[1:]) == [5, 6, 7]
+    assert build_trie(branches, prior, token_probs=probs).num_nodes == 6  # no budget: every node
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_reach_scored_budget_keeps_every_kept_nodes_ancestors(seed):
+    """Random branches sharing prefixes, probabilities with ties, zeros and ones: whatever the
+    budget, the kept rows form a trie (each node's parent kept) of the budgeted size, its prefixes
+    are the full trie's, and no dropped node scores above a kept one."""
+    g = torch.Generator().manual_seed(seed)
+    k, b = 4, 5
+    tokens = torch.randint(0, 3, (k, b), generator=g).tolist()
+    prior = torch.softmax(torch.randn(k, generator=g), 0).tolist()
+    probs = torch.rand(k, b, generator=g)
+    probs[probs < 0.2], probs[probs > 0.9] = 0.0, 1.0
+    full = build_trie(tokens, prior)
+    prefix = lambda trie: {r: tuple(trie.tokens[a] for a in _path(trie, r)) for r in range(1, len(trie.tokens))}
+    full_prefix = prefix(full)
+    for budget in range(1, full.num_nodes + 1):
+        kept = build_trie(tokens, prior, max_nodes=budget, token_probs=probs.tolist())
+        assert kept.num_nodes == budget
+        assert all(0 <= kept.parents[r] < r for r in range(1, len(kept.tokens)))
+        kept_prefixes = set(prefix(kept).values())
+        assert kept_prefixes <= set(full_prefix.values())
+        reach = {p: sum(prior[z] * float(torch.prod(probs[z, :len(p)])) for z in range(k)
+                        if tuple(tokens[z][:len(p)]) == p) for p in full_prefix.values()}
+        dropped = [reach[p] for p in reach if p not in kept_prefixes]
+        assert not dropped or min(reach[p] for p in kept_prefixes) >= max(dropped) - 1e-12
+
+
+def _path(trie, row):
+    rows = []
+    while row > 0:
+        rows.append(row)
+        row = trie.parents[row]
+    return rows[::-1]
+
+
+def test_the_node_budget_uses_the_drafters_probabilities_when_it_ranks_tokens(tmp_path):
+    """SpeculativeDecoder with max_tree_nodes asks a DrafterProposer for ranked tokens (even
+    without extra leaves) and stays exact: T 0 still equals greedy decoding."""
+    dec = make_decoder(tmp_path, branches=4, block_size=4, verify="tree", extra_leaves=0, max_tree_nodes=3)
+    assert dec.proposer.top_tokens == 1
+    out = dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=12)
+    assert out.token_ids == hf_greedy(dec.target.model, PROMPT, 12)
+    assert max(c.tree_nodes for c in out.cycles) <= 3
+
+
 def hand_ranked_trie(count):
     """Branches [5, 6] and [5, 9] (prior 0.6 / 0.4), each ranking three tokens per position. Under
     the anchor (child 5): 8 scores 0.6 * 0.1 + 0.4 * 0.35 = 0.20, 7 scores 0.6 * 0.3 = 0.18, 3
@@ -238,7 +296,8 @@ def descend_on_any_draw(self, drawn, child_probs):
     return TrieWalk(tokens, rows, list(self.branches[rows[-1]]), 0.0)
 
 
-def committed_joint_counts(branches, sampling, samples, length=4, block_size=4, extra_leaves=0):
+def committed_joint_counts(branches, sampling, samples, length=4, block_size=4, extra_leaves=0,
+                           max_tree_nodes=None):
     """Counts of the first `length` committed tokens over `samples` seeds, with the oracle
     proposer (drafts the target often accepts, branches splitting at different depths; with
     `extra_leaves`, ranking tokens for that many extra leaves per trie), the target's exact
@@ -264,7 +323,7 @@ def committed_joint_counts(branches, sampling, samples, length=4, block_size=4, 
     try:
         for seed in range(samples):
             tree_dec, oracle = oracle_decoder(dec, branches, SMALL_PROMPT, ranked=extra_leaves > 0, verify="tree",
-                                              extra_leaves=extra_leaves)
+                                              extra_leaves=extra_leaves, max_tree_nodes=max_tree_nodes)
             out = tree_dec.generate(SMALL_PROMPT, sampling, max_new_tokens=max(length, block_size + 1), seed=seed,
                                     on_tokens=oracle.on_tokens)
             assert oracle.prefix == SMALL_PROMPT + out.token_ids
@@ -309,6 +368,15 @@ def test_committed_tokens_follow_the_targets_distribution_with_extra_leaves(bran
     # walks must end on extra leaves often, and still reach the deepest nodes, or the test would check little
     assert np.mean(on_extra_leaf) > 0.05 and np.mean(accepted == 3) > 0.05
     assert_follows(counts, exact, samples)
+
+
+def test_committed_tokens_follow_the_targets_distribution_under_a_reach_scored_node_budget():
+    """A budget of 4 of the oracle's branch nodes, chosen by the drafter's reach estimate, plus 2
+    extra leaves: the trie changes with every proposal, each one fixed given its context."""
+    counts, exact, accepted, on_extra_leaf = committed_joint_counts(4, SamplingParams(1.0, 6, 0.9), 400,
+                                                                    extra_leaves=2, max_tree_nodes=4)
+    assert np.mean(on_extra_leaf) > 0.05 and np.mean(accepted >= 2) > 0.05
+    assert_follows(counts, exact, 400)
 
 
 @pytest.mark.parametrize("extra_leaves", [0, 3])

@@ -1,0 +1,97 @@
+"""How many branch nodes trie verification should score per cycle on a CPU
+(dblast_ext.fastest_settings), measured on held-out training prompts, never an evaluation set:
+the embedded drafter with `dblast demo`'s fastest exact settings, greedy-branch verification and
+trie verification under each node budget (the nodes the drafter expects a walk to reach most
+often, plus the default extra leaves), against the target alone on the same prompts and seeds.
+
+    python recipes/smollm2/tree_budget.py --budgets 0 24 16 12 8 \
+        >> recipes/smollm2/logs/tree-budget-<date>.log
+
+A target pass costs more the more rows it scores, so fewer nodes can be faster even though each
+pass commits fewer tokens. Timings: run it on idle cores (nothing else multi-threaded beside it).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HELDOUT = {"math": "math-heldout.jsonl", "chat": "chat-heldout.jsonl", "code": "code-heldout.jsonl"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--drafter", default="dblast-k4")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[0, 24, 16, 12, 8],
+                        help="branch nodes per trie (0: all of them)")
+    parser.add_argument("--sets", nargs="+", default=["math", "chat"], choices=sorted(HELDOUT))
+    parser.add_argument("--prompts", type=int, default=8, help="first N prompts of each held-out set")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--top-k", type=int, default=20)
+    args = parser.parse_args()
+
+    from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
+    from dblast_ext.drafter_io import checkpoint_digest, load_drafter
+    from dblast_ext.fastest_settings import fastest_exact_settings
+    from dblast_ext.target_loading import encode_messages, load_target, resolve_dtype, stop_token_ids
+
+    settings = fastest_exact_settings("cpu", args.drafter)
+    target, tokenizer = load_target("default", device="cpu", dtype=settings.dtype, progress=False)
+    drafter = load_drafter(args.drafter, target=target).to(dtype=resolve_dtype(settings.dtype, "cpu")).eval()
+    if settings.block_size is not None:
+        drafter.config.block_size = settings.block_size
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
+    stops = stop_token_ids(target, tokenizer)
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.drafter} "
+          f"(digest {checkpoint_digest(args.drafter)}), {settings.dtype}, block {drafter.config.block_size}, "
+          f"draft vocabulary {settings.draft_vocab}, T {args.temperature} top-p {args.top_p} top-k {args.top_k}, "
+          f"{args.max_new_tokens} new tokens, first {args.prompts} prompts of "
+          f"{', '.join(HELDOUT[s] for s in args.sets)}, seed = prompt index, {torch.get_num_threads()} threads",
+          flush=True)
+    prompts = []
+    for name in args.sets:
+        with open(os.path.join(HERE, "data", "prompts", HELDOUT[name]), encoding="utf-8") as f:
+            texts = [json.loads(line)["prompt"] for line in f if line.strip()][:args.prompts]
+        prompts += [encode_messages(tokenizer, [{"role": "user", "content": p}]) for p in texts]
+
+    def run(decoder, speculative: bool):
+        tokens = passes = nodes = 0
+        start = time.perf_counter()
+        for seed, ids in enumerate(prompts):
+            kwargs = dict(max_new_tokens=args.max_new_tokens, stop_token_ids=stops, seed=seed)
+            if speculative:
+                out = decoder.generate(ids, sampling, **kwargs)
+                passes += len(out.cycles)
+                nodes += sum(c.tree_nodes or 0 for c in out.cycles)
+            else:
+                out = decoder.generate_autoregressive(ids, sampling, **kwargs)
+            tokens += len(out.token_ids)
+        return tokens, passes, nodes, time.perf_counter() - start
+
+    decoders = [("branch", SpeculativeDecoder(target, drafter, draft_vocab=settings.draft_vocab))]
+    decoders += [(f"tree, {'all' if n == 0 else n} branch nodes",
+                  SpeculativeDecoder(target, drafter, draft_vocab=settings.draft_vocab, verify="tree",
+                                     max_tree_nodes=n or None)) for n in args.budgets]
+    decoders[0][1].warm_up(prompts[0], sampling, target_only=True, stop_token_ids=stops)
+    for _, decoder in decoders[1:]:
+        decoder.warm_up(prompts[0], sampling, target_only=False, stop_token_ids=stops)
+    alone_tokens, _, _, alone_time = run(decoders[0][1], speculative=False)
+    print(f"target alone: {alone_tokens} tokens in {alone_time:.1f} s ({alone_tokens / alone_time:.1f} tok/s)",
+          flush=True)
+    for label, decoder in decoders:
+        tokens, passes, nodes, seconds = run(decoder, speculative=True)
+        speedup = (tokens / seconds) / (alone_tokens / alone_time)
+        trie = f", {nodes / passes:.1f} nodes per pass" if decoder.verify == "tree" else ""
+        print(f"{label:26s} {tokens / passes:.3f} tokens per pass, {seconds / passes * 1e3:.1f} ms per pass{trie}, "
+              f"{tokens / seconds:.1f} tok/s, speed-up {speedup:.2f}x", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
