@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <utility>
 #include <vector>
 
 #include "dblast/filtering.h"
@@ -27,12 +28,13 @@ void sample_tokens_impl(const at::Tensor& logits, const at::Tensor& uniforms, co
   float* probs_out = query_probs.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch;
+    std::vector<std::pair<int64_t, double>> kept;
     for (int64_t n = begin; n < end; ++n) {
       const scalar_t* row = data + n * vocab;
       const FilteredDist dist = build_filtered_dist(row, vocab, spec, scratch);
       auto prob = [&](int64_t v) { return dist.prob(static_cast<float>(row[v]), v); };
       tokens_out[n] = spec.greedy() ? dist.greedy_token
-                                    : inverse_cdf_draw(vocab, static_cast<double>(u[n]), prob);
+                                    : draw_filtered(row, vocab, static_cast<double>(u[n]), dist, kept);
       for (int64_t c = 0; c < queries; ++c) {
         const int64_t x = query[n * queries + c];
         probs_out[n * queries + c] = x < 0 ? 0.0f : static_cast<float>(prob(x));

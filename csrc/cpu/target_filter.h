@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "dblast/filtering.h"
@@ -168,25 +169,57 @@ inline DraftSoftmax build_draft_softmax(const scalar_t* logits, int64_t vocab, d
   return {max_logit, std::log(sum_exp_shifted(scratch.data(), vocab, 0.0f)), temperature};
 }
 
-// Inverse-CDF draw over token ids in increasing order from nonnegative weights r(v):
-// the first v with r(v) > 0 whose running sum exceeds u * sum(r); the last positive
-// token if rounding leaves the target unreached. Returns -1 when all weights are zero.
-template <typename WeightFn>
-inline int64_t inverse_cdf_draw(int64_t vocab, double uniform, WeightFn weight) {
+// Inverse-CDF draw over positions 0..count-1 from nonnegative weights r(i): the first i with
+// r(i) > 0 whose running sum exceeds u * sum(r), reported as token(i); the last positive one
+// if rounding leaves the target unreached. Returns -1 when all weights are zero.
+template <typename WeightFn, typename TokenFn>
+inline int64_t inverse_cdf_draw_indexed(int64_t count, double uniform, WeightFn weight, TokenFn token) {
   double total = 0.0;
-  for (int64_t v = 0; v < vocab; ++v) total += weight(v);
+  for (int64_t i = 0; i < count; ++i) total += weight(i);
   if (!(total > 0.0)) return -1;
   const double target = uniform * total;
   double running = 0.0;
   int64_t last_positive = -1;
-  for (int64_t v = 0; v < vocab; ++v) {
-    const double w = weight(v);
+  for (int64_t i = 0; i < count; ++i) {
+    const double w = weight(i);
     if (!(w > 0.0)) continue;
     running += w;
-    last_positive = v;
-    if (running > target) return v;
+    last_positive = i;
+    if (running > target) return token(i);
   }
-  return last_positive;
+  return last_positive < 0 ? -1 : token(last_positive);
+}
+
+// The same draw over token ids in increasing order.
+template <typename WeightFn>
+inline int64_t inverse_cdf_draw(int64_t vocab, double uniform, WeightFn weight) {
+  return inverse_cdf_draw_indexed(vocab, uniform, weight, [](int64_t v) { return v; });
+}
+
+// A draw from the filtered distribution itself: token for token what
+// inverse_cdf_draw(vocab, uniform, dist.prob) returns (the same weights in the same order;
+// tokens below the threshold weigh exactly 0 there), but each kept token's weight is
+// computed once, and under a top-k / top-p threshold one pass that skips 16-logit chunks
+// holding no kept token leaves only the few kept ones to visit.
+template <typename scalar_t>
+inline int64_t draw_filtered(const scalar_t* row, int64_t vocab, double uniform, const FilteredDist& dist,
+                             std::vector<std::pair<int64_t, double>>& kept) {
+  kept.clear();
+  auto keep = [&](int64_t v) {
+    const float x = static_cast<float>(row[v]);
+    if (x >= dist.threshold) kept.emplace_back(v, dist.prob(x, v));
+  };
+  int64_t v = 0;
+  for (; v + 16 <= vocab; v += 16) {
+    bool any = false;
+    for (int j = 0; j < 16; ++j) any |= static_cast<float>(row[v + j]) >= dist.threshold;
+    if (!any) continue;
+    for (int j = 0; j < 16; ++j) keep(v + j);
+  }
+  for (; v < vocab; ++v) keep(v);
+  return inverse_cdf_draw_indexed(
+      static_cast<int64_t>(kept.size()), uniform, [&](int64_t i) { return kept[i].second; },
+      [&](int64_t i) { return kept[i].first; });
 }
 
 // The final token of a verification step: drawn from the nonnegative `residual` weights

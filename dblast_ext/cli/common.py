@@ -54,8 +54,8 @@ def add_verify_args(p) -> None:
                         "branches into a trie and verify it in one target pass (a bigger pass, more tokens per "
                         "pass; docs/design.md). Both keep the target's distribution (default %(default)s)")
     p.add_argument("--max-tree-nodes", type=int, default=None, metavar="N",
-                   help="with --verify tree: score at most N of the branches' nodes per cycle, those of highest "
-                        "prior mass (default: all)")
+                   help="with --verify tree: score at most N of the branches' nodes per cycle, those the "
+                        "drafter expects a walk to reach most often (default: all)")
     p.add_argument("--extra-leaves", type=int, default=None, metavar="N",
                    help="with --verify tree: add N leaves to each trie, the drafter's likeliest tokens that no "
                         f"branch drafted (default {TREE_EXTRA_LEAVES}; 0: the branches' trie alone)")
