@@ -30,9 +30,10 @@ def add_runtime_args(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
 
 
-def add_model_args(p, *, block_size: bool = True) -> None:
+def add_model_args(p, *, block_size: bool = True, fastest: bool = False) -> None:
     """The target and drafter flags; `block_size=False` leaves --block-size to a subcommand
-    that gives it another meaning."""
+    that gives it another meaning; `fastest`: the subcommand applies the fastest exact settings
+    (pick_fastest_settings), which then choose --verify when it is not given."""
     add_target_args(p)
     p.add_argument("--drafter", required=True,
                    help="local directory of a DFlash or DBLast drafter checkpoint, or an embedded drafter for the "
@@ -44,15 +45,19 @@ def add_model_args(p, *, block_size: bool = True) -> None:
         p.add_argument("--block-size", type=int, default=None,
                        help="run the drafter at another block size than it was trained for (naive expansion)")
     add_draft_vocab_arg(p)
-    add_verify_args(p)
+    add_verify_args(p, fastest=fastest)
     p.add_argument("--no-kernels", action="store_true", help="run the reference ops instead of the compiled kernels")
 
 
-def add_verify_args(p) -> None:
-    p.add_argument("--verify", choices=VERIFY_MODES, default="branch",
+def add_verify_args(p, fastest: bool = False) -> None:
+    """--verify, --max-tree-nodes, --extra-leaves; with `fastest` --verify defaults to None, for
+    apply_fastest_settings to choose."""
+    default = ("the fastest measured here: tree for the embedded drafters on a CPU, else branch" if fastest
+               else "branch")
+    p.add_argument("--verify", choices=VERIFY_MODES, default=None if fastest else "branch",
                    help="branch: verify one branch drawn from the prior (DBLast Eq 18-21); tree: merge all K "
                         "branches into a trie and verify it in one target pass (a bigger pass, more tokens per "
-                        "pass; docs/design.md). Both keep the target's distribution (default %(default)s)")
+                        f"pass; docs/design.md). Both keep the target's distribution (default: {default})")
     p.add_argument("--max-tree-nodes", type=int, default=None, metavar="N",
                    help="with --verify tree: score at most N of the branches' nodes per cycle, those the "
                         "drafter expects a walk to reach most often (default: all)")
@@ -91,10 +96,10 @@ def draft_vocab_of(args) -> Optional[int]:
 
 
 def apply_fastest_settings(args, device_type: str, drafter: Optional[str]) -> str:
-    """For `dblast demo` and `dblast generate`: --dtype, --block-size and --draft-vocab left at
-    their defaults take the fastest settings that keep the output distribution
-    (dblast_ext.fastest_settings) for `device_type` and the embedded `drafter` (None: another
-    drafter). Returns the line saying what was picked ("" when the flags chose everything)."""
+    """For `dblast demo` and `dblast generate`: --dtype, --block-size, --draft-vocab, --verify and
+    (with trie verification) --max-tree-nodes left at their defaults take the fastest settings
+    that keep the output distribution (dblast_ext.fastest_settings) for `device_type` and the
+    embedded `drafter` (None: another drafter). Returns the line saying what was picked ("" when the flags chose everything)."""
     settings = fastest_exact_settings(device_type, drafter)
     picked, measured = [], False
     if args.dtype == "auto":
@@ -108,11 +113,22 @@ def apply_fastest_settings(args, device_type: str, drafter: Optional[str]) -> st
         args.draft_vocab = settings.draft_vocab
         picked.append(f"the first {settings.draft_vocab} ids as the draft vocabulary")
         measured = True
+    if getattr(args, "verify", "branch") is None:
+        args.verify = settings.verify
+        if settings.verify != "branch":
+            picked.append("trie verification")
+            measured = True
+        check_tree_args(args, args.verify)
+    if (getattr(args, "verify", "branch") == "tree" and settings.max_tree_nodes is not None
+            and getattr(args, "max_tree_nodes", None) is None):
+        args.max_tree_nodes = settings.max_tree_nodes
+        picked.append(f"{settings.max_tree_nodes} branch nodes per trie")
+        measured = True
     if not picked:
         return ""
     source = f" ({settings.source})" if measured else ""
     return (f"fastest exact settings here: {', '.join(picked)}{source}; the output distribution is the same "
-            "(--dtype, --block-size, --draft-vocab N|all override)")
+            "(--dtype, --block-size, --draft-vocab N|all, --verify, --max-tree-nodes override)")
 
 
 def pick_fastest_settings(args) -> str:
@@ -211,17 +227,23 @@ def check_args(args) -> DrafterConfig:
         raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
     if draft_vocab_of(args) is not None and args.draft_vocab < 1:
         raise ValueError(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
-    nodes = getattr(args, "max_tree_nodes", None)
-    if nodes is not None and (nodes < 1 or getattr(args, "verify", "branch") != "tree"):
-        raise ValueError(f"--max-tree-nodes must be >= 1 and needs --verify tree, got {nodes}")
-    leaves = getattr(args, "extra_leaves", None)
-    if leaves is not None and (leaves < 0 or (leaves > 0 and getattr(args, "verify", "branch") != "tree")):
-        raise ValueError(f"--extra-leaves must be >= 0 and needs --verify tree, got {leaves}")
+    check_tree_args(args, getattr(args, "verify", "branch"))
     z = getattr(args, "category_temperature", None)
     if isinstance(z, float) and z < 0:  # `dblast eval` also takes "calibrate" and checks it itself
         raise ValueError(f"--category-temperature must be >= 0, got {z}")
     check_target_args(args)
     return read_drafter_config(args)
+
+
+def check_tree_args(args, verify: Optional[str]) -> None:
+    """--max-tree-nodes and --extra-leaves need trie verification (`verify` None: not chosen
+    yet, apply_fastest_settings checks again once it is)."""
+    nodes = getattr(args, "max_tree_nodes", None)
+    if nodes is not None and (nodes < 1 or verify not in ("tree", None)):
+        raise ValueError(f"--max-tree-nodes must be >= 1 and needs --verify tree, got {nodes}")
+    leaves = getattr(args, "extra_leaves", None)
+    if leaves is not None and (leaves < 0 or (leaves > 0 and verify not in ("tree", None))):
+        raise ValueError(f"--extra-leaves must be >= 0 and needs --verify tree, got {leaves}")
 
 
 def sampling_of(args) -> SamplingParams:
@@ -253,6 +275,6 @@ def drafting_decoder(args, target, path: str, num_branches: Optional[int], categ
         drafter.config.block_size = args.block_size  # the drafter pass itself takes any block length
     return SpeculativeDecoder(target, drafter, category_temperature=category_temperature,
                               use_kernels=not args.no_kernels, draft_vocab=draft_vocab_of(args),
-                              verify=getattr(args, "verify", "branch"),
+                              verify=getattr(args, "verify", None) or "branch",
                               max_tree_nodes=getattr(args, "max_tree_nodes", None),
                               extra_leaves=getattr(args, "extra_leaves", None))

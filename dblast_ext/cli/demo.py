@@ -39,7 +39,7 @@ def add_parser(subparsers) -> None:
                         "proportion to its length; default: the fastest measured on this device, "
                         "dblast_ext.fastest_settings)")
     add_draft_vocab_arg(p)
-    add_verify_args(p)
+    add_verify_args(p, fastest=True)
     p.add_argument("--no-compare", action="store_true", help="skip the target-only runs (no speed-up figure)")
     add_runtime_args(p)
 
@@ -57,7 +57,9 @@ def run(args) -> int:
     sampling = sampling_of(args)
     stops = stop_token_ids(decoder.target.model, tokenizer)
     vocab = "" if decoder.draft_ids is None else f", drafting from {len(decoder.draft_ids)} token ids"
-    vocab += "" if decoder.verify == "branch" else f", trie verification with {decoder.extra_leaves} extra leaves"
+    if decoder.verify == "tree":
+        nodes = "every branch node" if decoder.max_tree_nodes is None else f"{decoder.max_tree_nodes} branch nodes"
+        vocab += f", trie verification of {nodes} + {decoder.extra_leaves} extra leaves"
     dtype = str(decoder.target.dtype).replace("torch.", "")
     print(f"target SmolLM2-135M-Instruct ({dtype}), drafter {args.drafter} (K = {drafter.num_branches}, block "
           f"{drafter.config.block_size}{vocab}); temperature {args.temperature}, top-p {args.top_p}, top-k {args.top_k}, "

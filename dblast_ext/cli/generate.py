@@ -18,7 +18,7 @@ def add_parser(subparsers) -> None:
                               description="Generate text from a local Hugging Face causal LM, drafted by a local "
                                           "DFlash/DBLast drafter and verified exactly (the output follows the "
                                           "target's own sampling distribution).")
-    add_model_args(p)
+    add_model_args(p, fastest=True)
     add_sampling_args(p)
     p.add_argument("--prompt", required=True, help="the prompt text ('-' reads it from stdin)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")

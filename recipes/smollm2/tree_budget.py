@@ -28,6 +28,9 @@ def main() -> int:
     parser.add_argument("--drafter", default="dblast-k4")
     parser.add_argument("--budgets", type=int, nargs="+", default=[0, 24, 16, 12, 8],
                         help="branch nodes per trie (0: all of them)")
+    parser.add_argument("--extra-leaves", type=int, default=None,
+                        help="extra leaves per trie (default: dblast_ext.decoding.TREE_EXTRA_LEAVES)")
+    parser.add_argument("--no-branch", action="store_true", help="leave out greedy-branch verification")
     parser.add_argument("--sets", nargs="+", default=["math", "chat"], choices=sorted(HELDOUT))
     parser.add_argument("--prompts", type=int, default=8, help="first N prompts of each held-out set")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -36,7 +39,7 @@ def main() -> int:
     parser.add_argument("--top-k", type=int, default=20)
     args = parser.parse_args()
 
-    from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
+    from dblast_ext.decoding import TREE_EXTRA_LEAVES, SamplingParams, SpeculativeDecoder
     from dblast_ext.drafter_io import checkpoint_digest, load_drafter
     from dblast_ext.fastest_settings import fastest_exact_settings
     from dblast_ext.target_loading import encode_messages, load_target, resolve_dtype, stop_token_ids
@@ -51,7 +54,8 @@ def main() -> int:
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.drafter} "
           f"(digest {checkpoint_digest(args.drafter)}), {settings.dtype}, block {drafter.config.block_size}, "
           f"draft vocabulary {settings.draft_vocab}, T {args.temperature} top-p {args.top_p} top-k {args.top_k}, "
-          f"{args.max_new_tokens} new tokens, first {args.prompts} prompts of "
+          f"{args.max_new_tokens} new tokens, {TREE_EXTRA_LEAVES if args.extra_leaves is None else args.extra_leaves} "
+          f"extra leaves, first {args.prompts} prompts of "
           f"{', '.join(HELDOUT[s] for s in args.sets)}, seed = prompt index, {torch.get_num_threads()} threads",
           flush=True)
     prompts = []
@@ -77,11 +81,14 @@ def main() -> int:
     decoders = [("branch", SpeculativeDecoder(target, drafter, draft_vocab=settings.draft_vocab))]
     decoders += [(f"tree, {'all' if n == 0 else n} branch nodes",
                   SpeculativeDecoder(target, drafter, draft_vocab=settings.draft_vocab, verify="tree",
-                                     max_tree_nodes=n or None)) for n in args.budgets]
+                                     max_tree_nodes=n or None, extra_leaves=args.extra_leaves))
+                 for n in args.budgets]
     decoders[0][1].warm_up(prompts[0], sampling, target_only=True, stop_token_ids=stops)
     for _, decoder in decoders[1:]:
         decoder.warm_up(prompts[0], sampling, target_only=False, stop_token_ids=stops)
     alone_tokens, _, _, alone_time = run(decoders[0][1], speculative=False)
+    if args.no_branch:
+        decoders = decoders[1:]
     print(f"target alone: {alone_tokens} tokens in {alone_time:.1f} s ({alone_tokens / alone_time:.1f} tok/s)",
           flush=True)
     for label, decoder in decoders:
