@@ -78,11 +78,11 @@ class SpeculativeDecoder:
         (returning a `proposer.RankedProposal`; a DrafterProposer is told to). Both modes leave the output
         distribution the target's.
         Speed without changing the output: the models' dtype, the drafter's inference block
-        (`drafter.config.block_size`) and `draft_vocab` change only how fast this runs. On a CPU
-        the fastest measured for the embedded drafters (float32 unless the CPU has native
-        bfloat16, block 8, the first 8,192 ids) are `dblast_ext.fastest_settings
-        .fastest_exact_settings("cpu", name)`, which `dblast demo` and `dblast generate` apply;
-        here nothing is chosen for you."""
+        (`drafter.config.block_size`), `draft_vocab`, `verify` and `max_tree_nodes` change only
+        how fast this runs. On a CPU the fastest measured for the embedded drafters (float32
+        unless the CPU has native bfloat16, block 8, the first 8,192 ids, a trie; of 10 branch
+        nodes for dblast-k4) are `dblast_ext.fastest_settings.fastest_exact_settings("cpu",
+        name)`, which `dblast demo` and `dblast generate` apply; here nothing is chosen for you."""
         if (drafter is None) == (proposer is None):
             raise ValueError("give either drafter or proposer (exactly one)")
         if verify not in VERIFY_MODES:
