@@ -35,7 +35,7 @@ from .proposer import DrafterProposer, Proposal, Proposer, check_proposal, check
 from .ragged_cache import RaggedRows
 from .sampling import SamplingParams, sample_from_logits
 from .target import TargetAdapter
-from .trie import add_alternative_leaves, build_trie
+from .trie import add_alternative_leaves, build_trie, drafted_token_probs
 
 __all__ = ["SpeculativeDecoder", "SamplingParams", "GenerationOutput", "CycleRecord", "sample_autoregressive",
            "sample_autoregressive_batch", "choose_branch", "VERIFY_MODES", "TREE_EXTRA_LEAVES"]
@@ -315,13 +315,15 @@ class SpeculativeDecoder:
             check_proposal(proposal, self.target.vocab_size)
         prior = proposal.prior[0].tolist()
         ranked = getattr(proposal, "top_tokens", None) is not None
+        branch_tokens = proposal.branch_tokens[0].tolist()
+        top_tokens = proposal.top_tokens[0].tolist() if ranked else None
         top_probs = proposal.top_probs[0].tolist() if ranked else None
         # a node budget keeps the nodes the drafter most expects a walk to reach, when it ranked its tokens
-        token_probs = [[p[0] for p in branch] for branch in top_probs] if ranked and self.max_tree_nodes else None
-        trie = build_trie(proposal.branch_tokens[0].tolist(), prior, self.max_tree_nodes,  # 2. the trie
-                          token_probs=token_probs)
+        token_probs = (drafted_token_probs(branch_tokens, top_tokens, top_probs)
+                       if ranked and self.max_tree_nodes else None)
+        trie = build_trie(branch_tokens, prior, self.max_tree_nodes, token_probs=token_probs)   # 2. the trie
         if self.extra_leaves and ranked:
-            add_alternative_leaves(trie, proposal.top_tokens[0].tolist(), top_probs, prior, self.extra_leaves)
+            add_alternative_leaves(trie, top_tokens, top_probs, prior, self.extra_leaves)
         trie.tokens[0] = anchor
         t1 = time.perf_counter()
 

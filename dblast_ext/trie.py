@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-__all__ = ["DraftTrie", "build_trie", "add_alternative_leaves", "TrieWalk"]
+__all__ = ["DraftTrie", "build_trie", "add_alternative_leaves", "drafted_token_probs", "TrieWalk"]
 
 
 @dataclass
@@ -159,6 +159,16 @@ def build_trie(branch_tokens: Sequence[Sequence[int]], prior: Sequence[float],
     score = mass if token_probs is None else reach
     ranked = sorted(range(1, len(tokens)), key=lambda r: (-score[r], r))
     return _keep_rows(trie, sorted(ranked[:max_nodes]))
+
+
+def drafted_token_probs(branch_tokens: Sequence[Sequence[int]], top_tokens: Sequence[Sequence[Sequence[int]]],
+                        top_probs: Sequence[Sequence[Sequence[float]]]) -> List[List[float]]:
+    """[K][b]: each branch's probability of its own draft at each position, read from its ranked
+    tokens (`top_tokens` / `top_probs` [K][b][m]); 0 for a draft outside its top m. A drafter
+    drafting its argmax ranks it first, but a proposer need not."""
+    return [[next((p for t, p in zip(tokens, probs) if t == token), 0.0)
+             for token, tokens, probs in zip(drafts, ranked, ranked_probs)]
+            for drafts, ranked, ranked_probs in zip(branch_tokens, top_tokens, top_probs)]
 
 
 def _keep_rows(trie: DraftTrie, kept: List[int]) -> DraftTrie:

@@ -10,7 +10,7 @@ from dblast_ext import trie as trie_module  # noqa: E402
 from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
 from dblast_ext import reference  # noqa: E402
 from dblast_ext.decoding import TREE_EXTRA_LEAVES  # noqa: E402
-from dblast_ext.trie import TrieWalk, add_alternative_leaves, build_trie  # noqa: E402
+from dblast_ext.trie import TrieWalk, add_alternative_leaves, build_trie, drafted_token_probs  # noqa: E402
 from decoding_cases import (MASK, PROMPT, SMALL_PROMPT, SMALL_VOCAB, exact_prefix_joint, hf_greedy,  # noqa: E402
                             make_decoder, oracle_decoder)
 from losslessness import chi_square_pvalue  # noqa: E402
@@ -68,6 +68,14 @@ def test_a_node_budget_with_token_probabilities_keeps_the_likeliest_reached_node
     by_mass = build_trie(branches, prior, max_nodes=3)
     assert sorted(by_mass.tokens[1:]) == [5, 6, 7]
     assert build_trie(branches, prior, token_probs=probs).num_nodes == 6  # no budget: every node
+
+
+def test_the_drafts_probabilities_are_read_where_the_ranking_put_them():
+    """A proposer may rank a branch's draft anywhere among its m tokens, or not at all (then 0)."""
+    drafts = [[5, 6], [7, 8]]
+    top_tokens = [[[5, 1], [2, 6]], [[3, 4], [8, 7]]]
+    top_probs = [[[0.6, 0.3], [0.5, 0.25]], [[0.7, 0.2], [0.4, 0.35]]]
+    assert drafted_token_probs(drafts, top_tokens, top_probs) == [[0.6, 0.25], [0.0, 0.4]]
 
 
 @pytest.mark.parametrize("seed", range(20))
