@@ -15,6 +15,8 @@ import time
 
 import torch
 
+from measuring import encode_prompts, load_pair_at_cpu_fastest
+
 
 class PhaseClock:
     """Seconds spent in each wrapped callable (outermost call only, so nested phases do not
@@ -60,24 +62,20 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--verify", nargs="+", default=["branch", "tree"], choices=["branch", "tree"])
+    parser.add_argument("--max-tree-nodes", type=int, default=None,
+                        help="branch nodes per trie (default: the CPU fastest settings' budget; 0: every node)")
     args = parser.parse_args()
 
     from dblast_ext import decoding, trie
     from dblast_ext.cli.demo import DEMO_PROMPTS
     from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
-    from dblast_ext.drafter_io import load_drafter
-    from dblast_ext.fastest_settings import fastest_exact_settings
-    from dblast_ext.target_loading import encode_messages, load_target, resolve_dtype, stop_token_ids
+    from dblast_ext.target_loading import stop_token_ids
 
-    settings = fastest_exact_settings("cpu", args.drafter)
+    target, tokenizer, drafter, settings = load_pair_at_cpu_fastest(args.drafter)
     dtype = settings.dtype
-    target, tokenizer = load_target("default", device="cpu", dtype=dtype, progress=False)
-    drafter = load_drafter(args.drafter, target=target).to(dtype=resolve_dtype(dtype, "cpu")).eval()
-    if settings.block_size is not None:
-        drafter.config.block_size = settings.block_size
     sampling = SamplingParams(1.0, 20, 0.95)  # the demo's defaults
     stops = stop_token_ids(target, tokenizer)
-    prompts = [encode_messages(tokenizer, [{"role": "user", "content": p}]) for p in DEMO_PROMPTS[:args.prompts]]
+    prompts = encode_prompts(tokenizer, DEMO_PROMPTS[:args.prompts])
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.drafter}, {dtype}, block "
           f"{settings.block_size}, draft vocabulary {settings.draft_vocab}, T 1.0 top-p 0.95 top-k 20, "
           f"{args.max_new_tokens} new tokens, {args.prompts} demo prompts, {torch.get_num_threads()} threads",
@@ -92,7 +90,9 @@ def main() -> int:
     clock.wrap(trie.DraftTrie, "attention_mask", "trie: attention mask")
     clock.wrap(trie.DraftTrie, "walk", "trie: walk")
     for verify in args.verify:
-        decoder = SpeculativeDecoder(target, drafter, verify=verify, draft_vocab=settings.draft_vocab)
+        budget = settings.max_tree_nodes if args.max_tree_nodes is None else (args.max_tree_nodes or None)
+        decoder = SpeculativeDecoder(target, drafter, verify=verify, draft_vocab=settings.draft_vocab,
+                                     max_tree_nodes=budget if verify == "tree" else None)
         proposer, adapter = decoder.proposer, decoder.target
         clock.wrap(proposer, "propose", "propose")
         clock.wrap(proposer, "ranked_tokens", "propose: ranked tokens (head, softmax, top-m)")
@@ -100,7 +100,9 @@ def main() -> int:
         clock.wrap(adapter, "forward", lambda *a, last_logits_only=False, **k:
                    "target prefill (once per prompt)" if last_logits_only else "target forward (branch rule)")
         clock.wrap(adapter, "forward_tree", "target forward (trie)")
-        clock.wrap(decoder, "_sample", "trie: sample every node")
+        # _sample also draws each prompt's first token, after the prefill (no query tokens there)
+        clock.wrap(decoder, "_sample", lambda logits, uniforms, query_tokens, *a, **k:
+                   "first token after the prefill" if query_tokens is None else "trie: sample every node")
         clock.wrap(decoder, "_verify", "branch rule: verify op")
         clock.wrap(adapter, "keep_rows", "trie: keep the walked rows")
         clock.wrap(adapter, "crop", "branch rule: crop the cache")
@@ -123,7 +125,8 @@ def main() -> int:
             wall += time.perf_counter() - start
             cycles += len(out.cycles)
             tokens += len(out.token_ids)
-        print(f"\n== {verify}: {cycles} cycles, {tokens / cycles:.2f} tokens per cycle, target-only step "
+        nodes = f" ({'every node' if budget is None else f'{budget} branch nodes'})" if verify == "tree" else ""
+        print(f"\n== {verify}{nodes}: {cycles} cycles, {tokens / cycles:.2f} tokens per cycle, target-only step "
               f"{step * 1e3:.1f} ms, cycle {wall / cycles * 1e3:.1f} ms = {wall / cycles / step:.2f} steps, "
               f"speed-up {tokens / wall * step:.2f}x")
         for label, seconds in sorted(clock.seconds.items(), key=lambda item: -item[1]):

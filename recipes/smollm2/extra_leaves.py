@@ -9,15 +9,12 @@ at each count of extra leaves, the same prompts and seeds for every setting.
 Tokens per pass do not depend on timing, so this may share the cores with other work.
 """
 import argparse
-import json
-import os
 import sys
 import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-HELDOUT = {"math": "math-heldout.jsonl", "chat": "chat-heldout.jsonl", "code": "code-heldout.jsonl"}
+from measuring import HELDOUT_SETS, heldout_prompts
 
 
 def main() -> None:
@@ -25,7 +22,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", default="dblast-k4")
     parser.add_argument("--counts", type=int, nargs="+", default=[0, 2, 4, 8], help="extra leaves to try")
-    parser.add_argument("--sets", nargs="+", default=["math", "chat"], choices=sorted(HELDOUT))
+    parser.add_argument("--sets", nargs="+", default=["math", "chat"], choices=sorted(HELDOUT_SETS))
     parser.add_argument("--prompts", type=int, default=8, help="first N prompts of each held-out set")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -36,7 +33,7 @@ def main() -> None:
 
     from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
     from dblast_ext.drafter_io import checkpoint_digest, load_drafter
-    from dblast_ext.target_loading import encode_messages, load_target, resolve_dtype, stop_token_ids
+    from dblast_ext.target_loading import load_target, resolve_dtype, stop_token_ids
 
     torch.manual_seed(0)
     target, tokenizer = load_target("default", device="cpu", dtype=args.dtype, progress=False)
@@ -46,12 +43,10 @@ def main() -> None:
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.drafter} "
           f"(digest {checkpoint_digest(args.drafter)}), {args.dtype}, T {args.temperature} top-p {args.top_p} "
           f"top-k {args.top_k}, {args.max_new_tokens} new tokens, first {args.prompts} prompts of "
-          f"{', '.join(HELDOUT[s] for s in args.sets)}, seed = prompt index", flush=True)
+          f"{', '.join(HELDOUT_SETS[s] for s in args.sets)}, seed = prompt index", flush=True)
     settings = [("branch", 0)] + [("tree", n) for n in args.counts]
     for name in args.sets:
-        with open(os.path.join(HERE, "data", "prompts", HELDOUT[name]), encoding="utf-8") as f:
-            prompts = [json.loads(line)["prompt"] for line in f if line.strip()][:args.prompts]
-        ids = [encode_messages(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
+        ids = heldout_prompts(tokenizer, [name], args.prompts)
         base = None
         for verify, count in settings:
             decoder = SpeculativeDecoder(target, drafter, verify=verify,

@@ -11,15 +11,12 @@ A target pass costs more the more rows it scores, so fewer nodes can be faster e
 pass commits fewer tokens. Timings: run it on idle cores (nothing else multi-threaded beside it).
 """
 import argparse
-import json
-import os
 import sys
 import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-HELDOUT = {"math": "math-heldout.jsonl", "chat": "chat-heldout.jsonl", "code": "code-heldout.jsonl"}
+from measuring import HELDOUT_SETS, heldout_prompts, load_pair_at_cpu_fastest
 
 
 def main() -> int:
@@ -31,7 +28,7 @@ def main() -> int:
     parser.add_argument("--extra-leaves", type=int, default=None,
                         help="extra leaves per trie (default: dblast_ext.decoding.TREE_EXTRA_LEAVES)")
     parser.add_argument("--no-branch", action="store_true", help="leave out greedy-branch verification")
-    parser.add_argument("--sets", nargs="+", default=["math", "chat"], choices=sorted(HELDOUT))
+    parser.add_argument("--sets", nargs="+", default=["math", "chat"], choices=sorted(HELDOUT_SETS))
     parser.add_argument("--prompts", type=int, default=8, help="first N prompts of each held-out set")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -40,15 +37,10 @@ def main() -> int:
     args = parser.parse_args()
 
     from dblast_ext.decoding import TREE_EXTRA_LEAVES, SamplingParams, SpeculativeDecoder
-    from dblast_ext.drafter_io import checkpoint_digest, load_drafter
-    from dblast_ext.fastest_settings import fastest_exact_settings
-    from dblast_ext.target_loading import encode_messages, load_target, resolve_dtype, stop_token_ids
+    from dblast_ext.drafter_io import checkpoint_digest
+    from dblast_ext.target_loading import stop_token_ids
 
-    settings = fastest_exact_settings("cpu", args.drafter)
-    target, tokenizer = load_target("default", device="cpu", dtype=settings.dtype, progress=False)
-    drafter = load_drafter(args.drafter, target=target).to(dtype=resolve_dtype(settings.dtype, "cpu")).eval()
-    if settings.block_size is not None:
-        drafter.config.block_size = settings.block_size
+    target, tokenizer, drafter, settings = load_pair_at_cpu_fastest(args.drafter)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
     stops = stop_token_ids(target, tokenizer)
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.drafter} "
@@ -56,13 +48,9 @@ def main() -> int:
           f"draft vocabulary {settings.draft_vocab}, T {args.temperature} top-p {args.top_p} top-k {args.top_k}, "
           f"{args.max_new_tokens} new tokens, {TREE_EXTRA_LEAVES if args.extra_leaves is None else args.extra_leaves} "
           f"extra leaves, first {args.prompts} prompts of "
-          f"{', '.join(HELDOUT[s] for s in args.sets)}, seed = prompt index, {torch.get_num_threads()} threads",
+          f"{', '.join(HELDOUT_SETS[s] for s in args.sets)}, seed = prompt index, {torch.get_num_threads()} threads",
           flush=True)
-    prompts = []
-    for name in args.sets:
-        with open(os.path.join(HERE, "data", "prompts", HELDOUT[name]), encoding="utf-8") as f:
-            texts = [json.loads(line)["prompt"] for line in f if line.strip()][:args.prompts]
-        prompts += [encode_messages(tokenizer, [{"role": "user", "content": p}]) for p in texts]
+    prompts = heldout_prompts(tokenizer, args.sets, args.prompts)
 
     def run(decoder, speculative: bool):
         tokens = passes = nodes = 0
