@@ -77,7 +77,7 @@ class DrafterProposer:
         self.category_temperature = category_temperature
         self.use_kernels = use_kernels
         self.draft_ids = draft_vocabulary(draft_vocab, target.vocab_size, end_of_sequence_ids(target.model))
-        self._draft_head = None  # (the LM head it was gathered from, ids there, the gathered rows)
+        self._draft_head = None  # (the LM head it was gathered from, ids there, the rows for the kernel, as is)
         self.top_tokens = 0      # m: rank each branch's m likeliest tokens per position (0: only the argmax)
 
     @property
@@ -127,7 +127,7 @@ class DrafterProposer:
         if self.draft_ids is None:
             return self.drafter.ranked_branch_tokens(block_hidden, self.target.lm_head_weight,
                                                      self.target.vocab_size, m)
-        ids, rows = self._draft_vocab_head()
+        ids, rows = self._draft_vocab_head(native_dtype=True)
         local, probs = self.drafter.ranked_branch_tokens(block_hidden, rows, len(ids), m)
         return ids[local], probs
 
@@ -141,17 +141,22 @@ class DrafterProposer:
         local = self.drafter.branch_tokens(block_hidden, rows, len(ids), use_kernels=self.use_kernels)
         return ids[local]
 
-    def _draft_vocab_head(self):
-        """(ids, LM head rows of those ids): gathered once, again if the model moved."""
+    def _draft_vocab_head(self, native_dtype: bool = False):
+        """(ids, LM head rows of those ids): gathered once, again if the model moved. On a CPU the
+        rows for the argmax kernel are upcast to float32 (the kernel computes in float32 and would
+        upcast 16-bit rows every call; upcasting is exact, so the argmax is the same), while the
+        ranking (`native_dtype`) multiplies in the head's own dtype, where bfloat16 matmuls are
+        about 3x faster than float32 ones on a CPU with native bf16 (its drafts may then differ
+        from the kernel's in near ties; verification is exact either way)."""
         head = self.target.lm_head_weight
         key = (head.data_ptr(), head.device, head.dtype)
         if self._draft_head is None or self._draft_head[0] != key:
             ids = self.draft_ids.to(head.device)
-            rows = head.detach().index_select(0, ids)
-            if rows.device.type == "cpu":  # the CPU kernel computes in float32 and would upcast 16-bit
-                rows = rows.float()        # rows every call; upcasting is exact, so the argmax is the same
-            self._draft_head = (key, ids, rows.contiguous())
-        return self._draft_head[1:]
+            rows = head.detach().index_select(0, ids).contiguous()
+            upcast = rows.float() if rows.device.type == "cpu" else rows
+            self._draft_head = (key, ids, upcast, rows)
+        _, ids, upcast, rows = self._draft_head
+        return ids, (rows if native_dtype else upcast)
 
 
 def check_proposer(proposer: Proposer, num_target_layers: int) -> None:

@@ -334,5 +334,10 @@ def test_the_gathered_head_follows_the_model_to_another_dtype(tmp_path):
     assert torch.equal(dec.proposer._draft_head[2], rows.float() if rows.device.type == "cpu" else rows)
     # and the drafts are those of the bfloat16 rows themselves (the upcast is exact)
     assert torch.equal(dec.proposer.draft_tokens(hidden), dec.draft_ids[dec.drafter.branch_tokens(hidden, rows, len(rows))])
+    # the ranking (trie verification) multiplies by the rows in their own dtype, not the upcast copy
+    assert dec.proposer._draft_head[3].dtype == torch.bfloat16 and torch.equal(dec.proposer._draft_head[3], rows)
+    local, probs = dec.drafter.ranked_branch_tokens(hidden, rows, len(rows), 3)
+    tokens, ranked_probs = dec.proposer.ranked_tokens(hidden, 3)
+    assert torch.equal(tokens, dec.draft_ids[local]) and torch.equal(ranked_probs, probs)
     expected = hf_greedy(dec.target.model, PROMPT, 12)
     assert dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=12).token_ids == expected
