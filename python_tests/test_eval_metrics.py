@@ -4,7 +4,7 @@ import pytest
 from scipy import stats
 
 from dblast_ext.eval.metrics import (expansion_decomposition, first_draft_accepted, holm, macro_average,
-                                     paired_delta_tau, spearman, summarize)
+                                     paired_delta_tau, paired_macro_delta, spearman, summarize)
 from dblast_ext.eval.records import append_record, clip_last_cycle, read_records
 
 
@@ -223,3 +223,34 @@ def test_contended_responses_counts_timed_responses_on_busy_cores():
                record("D", [1, 2], **timed),                                  # load unknown (older records)
                record("E", [1, 2], foreign_load=3.0)]                         # not timed against the target
     assert summarize(records)["contended_responses"] == 2
+
+
+def test_paired_macro_delta_by_hand_and_its_interval():
+    """Per dataset the cycle mean of expected_accepted over the prompts both runs kept, then the
+    mean over datasets; the interval resamples prompts within each dataset for both runs."""
+    a = [record("p1", [1, 1], expected=[1.0, 2.0], dataset="x"), record("p2", [0], expected=[0.5], dataset="x"),
+         record("p3", [2], expected=[3.0], dataset="x", eos=False), record("q1", [1], expected=[1.0], dataset="y")]
+    b = [record("p1", [2], expected=[2.5], dataset="x"), record("p2", [1, 0], expected=[1.5, 0.5], dataset="x"),
+         record("p3", [0], expected=[9.0], dataset="x"), record("q1", [3, 1], expected=[3.0, 2.0], dataset="y")]
+    out = paired_macro_delta(a, b)
+    # x: A (1 + 2 + 0.5) / 3, B (2.5 + 1.5 + 0.5) / 3 (p3 did not end with EOS in A); y: A 1, B 2.5
+    expect_a, expect_b = (3.5 / 3 + 1.0) / 2, (4.5 / 3 + 2.5) / 2
+    assert out["a"] == pytest.approx(expect_a) and out["b"] == pytest.approx(expect_b)
+    assert out["delta"] == pytest.approx(expect_b - expect_a) and out["n"] == {"x": 2, "y": 1}
+    assert paired_macro_delta(a, b, eos_only=False)["n"] == {"x": 3, "y": 1}
+    # a clear shift on many prompts has an interval above 0; a run against itself has delta 0
+    rng = np.random.default_rng(1)
+    base = [record(i, [1] * 4, expected=rng.uniform(0, 3, size=4), dataset=("x", "y")[i % 2]) for i in range(60)]
+    shifted = [dict(r, expected_accepted=[e + 0.3 + rng.normal(0, 0.2) for e in r["expected_accepted"]])
+               for r in base]
+    sig = paired_macro_delta(base, shifted)
+    assert sig["ci"][0] > 0 and sig["ci"][0] < sig["delta"] < sig["ci"][1]
+    same = paired_macro_delta(base, base)
+    assert same["delta"] == 0 and same["ci"] == [0.0, 0.0]
+    noisy = [dict(r, expected_accepted=[e + rng.normal(0, 1) for e in r["expected_accepted"]]) for r in base]
+    null = paired_macro_delta(base, noisy)
+    assert null["ci"][0] < 0 < null["ci"][1]
+    with pytest.raises(ValueError, match="different prompts"):
+        paired_macro_delta(a, b[:3])
+    with pytest.raises(ValueError, match="dataset y: no prompt"):
+        paired_macro_delta(a, [dict(r, eos_terminated=r["dataset"] == "x") for r in b])

@@ -130,3 +130,30 @@ def test_draft_vocab_flag_takes_a_count_or_all(text, value):
 def test_draft_vocab_flag_refuses_other_words():
     with pytest.raises(argparse.ArgumentTypeError, match="a number of token ids or 'all', got 'most'"):
         common.draft_vocab_value("most")
+
+
+def test_eval_runs_at_the_fastest_settings_only_when_asked(cpu_bf16):
+    """`dblast eval` keeps its own defaults (float32 on a CPU, the branch rule, the trained
+    block, every id) unless --fastest-settings asks for `dblast demo`'s; flags given still win,
+    and trie flags without a trie get the same clear error as elsewhere."""
+    from dblast_ext.cli import build_parser
+    from dblast_ext.cli.evaluate import choose_settings
+
+    cpu_bf16(True)
+    base = ["eval", "--drafter", "dblast-k4", "--device", "cpu", "--out", "unused"]
+    args = build_parser().parse_args(base)
+    assert choose_settings(args) == ""
+    assert (args.dtype, args.block_size, args.draft_vocab, args.verify, args.max_tree_nodes) == \
+        ("auto", None, None, "branch", None)
+    args = build_parser().parse_args(base + ["--fastest-settings"])
+    line = choose_settings(args)
+    fastest = CPU_FASTEST["dblast-k4"]
+    assert (args.dtype, args.block_size, args.draft_vocab, args.verify, args.max_tree_nodes) == \
+        ("bfloat16", fastest.block_size, fastest.draft_vocab, fastest.verify, fastest.max_tree_nodes)
+    assert line.startswith("fastest exact settings here:") and "trie verification" in line
+    args = build_parser().parse_args(base + ["--fastest-settings", "--verify", "branch", "--dtype", "float32"])
+    choose_settings(args)
+    assert (args.dtype, args.verify, args.max_tree_nodes, args.draft_vocab) == \
+        ("float32", "branch", None, fastest.draft_vocab)
+    with pytest.raises(ValueError, match="--max-tree-nodes must be >= 1 and needs --verify tree"):
+        choose_settings(build_parser().parse_args(base + ["--max-tree-nodes", "4"]))

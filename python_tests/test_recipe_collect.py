@@ -19,7 +19,7 @@ COLLECT = os.path.join(ROOT, "recipes", "smollm2", "collect.py")
 CHECKPOINT = os.path.join(ROOT, "recipes", "smollm2", "checkpoint.py")
 RESULTS = os.path.join(ROOT, "results", "smollm2")
 DATASETS = ("gsm8k", "mtbench", "humaneval", "math500")
-SECTIONS = ("targets", "acceptance", "per-dataset", "blocks", "oracle", "histograms", "determinism")
+SECTIONS = ("targets", "acceptance", "speed", "per-dataset", "blocks", "oracle", "histograms", "determinism")
 
 
 def write_run(folder, accepted_per_cycle, *, expected=None, speedup=None, **extra_settings):
@@ -41,6 +41,8 @@ def write_run(folder, accepted_per_cycle, *, expected=None, speedup=None, **extr
                 record.update(ar_wall_time=speedup, ar_new_tokens=record["new_tokens"])
             records.append(record)
     os.makedirs(folder)
+    with open(os.path.join(folder, "records.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
     write_report(str(folder), records, settings=settings)
 
 
@@ -74,16 +76,21 @@ def run_collect(runs, out, *extra):
 def test_targets_are_met_not_met_or_pending_from_the_finished_runs(tmp_path):
     pytest.importorskip("matplotlib")
     runs, out = tmp_path / "runs", tmp_path / "results"
-    write_run(runs / "accept" / "dblast-k4-T0.7", 1)              # tau 2.0 < 3.0
-    write_run(runs / "speed" / "dblast-k4-T0.7", 1, speedup=0.6)  # 0.6x < 1.8x
+    write_run(runs / "accept" / "dblast-k4-T0.7", 1)              # one branch: tau 2.0 < 2.5
+    write_run(runs / "speed" / "dblast-k4-T0.7", 2, speedup=1.3,  # CPU defaults: tau 3.0 >= 2.5
+              dtype="bfloat16", block_size=8, draft_vocab=8192, verify="tree", max_tree_nodes=10, extra_leaves=4)
     write_run(runs / "accept" / "dblast-k4-T1.0", 1, expected=0.9)
     write_run(runs / "accept" / "dflash-k1-T1.0", 1, expected=0.5)
     write_run(runs / "accept" / "dblast-k4-T1.5", 1, expected=0.9)  # no dflash-k1 run at 1.5 yet
     run_collect(runs, out)
-    assert targets(out) == ["no", "no", "yes", "pending"]
+    assert targets(out) == ["no", "yes", "yes", "pending"]
     text = results_readme(out)
     assert text.startswith("# Results: SmolLM2-135M-Instruct with the embedded drafters\n")
-    assert "| 2.00 [2.00, 2.00] |" in text and "| 0.60x |" in text and "0.90 vs 0.50" in text
+    # the paired comparison: both runs' macros on the shared prompts, the difference and its interval
+    assert "| 2.00 [2.00, 2.00] |" in text and "0.90 vs 0.50: +0.400 [+0.400, +0.400]" in text
+    speed = block(text, "speed")
+    assert ("| 0.7 (top-p 0.8) | dblast-k4 | bfloat16, block 8, 8192 ids, trie 10 + 4 | 3.00 [3.00, 3.00] | 3.00 | "
+            + "1.30x | " * 4 + "1.30x |") in speed
     # each temperature's filter as its runs recorded it, temperatures in numeric order
     table = block(text, "acceptance")
     assert table.startswith("![tau per dataset](tau.png)\n")
@@ -94,6 +101,21 @@ def test_targets_are_met_not_met_or_pending_from_the_finished_runs(tmp_path):
     write_run(runs / "accept" / "dflash-k1-T1.5", 1, expected=0.95)  # the baseline is ahead at 1.5
     run_collect(runs, out)
     assert targets(out)[3] == "no"
+
+
+def test_a_paired_interval_that_straddles_zero_is_not_a_win(tmp_path):
+    """dblast-k4 ahead on average but not on every prompt: the paired interval decides."""
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    write_run(runs / "accept" / "dblast-k4-T1.0", 1)
+    write_run(runs / "accept" / "dflash-k1-T1.0", 1)
+    k4 = runs / "accept" / "dblast-k4-T1.0" / "records.jsonl"
+    records = [json.loads(line) for line in k4.read_text().splitlines()]
+    for i, r in enumerate(records):  # per prompt +1.5 or -1.0 about the baseline's 1.0: mean +0.25 per dataset
+        r["expected_accepted"] = [2.5 if i % 2 else 0.0] * len(r["accepted"])
+    k4.write_text("".join(json.dumps(r) + "\n" for r in records))
+    run_collect(runs, out)
+    row = next(line for line in block(results_readme(out), "targets").splitlines() if "at T 1.0" in line)
+    assert "1.25 vs 1.00: +0.250 [" in row and row.endswith("| no |")
 
 
 def test_a_missing_runs_folder_is_named(tmp_path):
@@ -112,7 +134,7 @@ def test_readme_block_is_rewritten_between_its_markers(tmp_path):
     text = readme.read_text()
     assert text.startswith("intro\n<!-- smollm2-results:begin -->\n| temperature | drafter | tau on GSM8K")
     assert text.endswith("<!-- smollm2-results:end -->\noutro\n") and "old table" not in text
-    assert "| 0.7 (top-p 0.8) | dblast-k4 | 2.00 [2.00, 2.00] | 0.60x | 0.60x |" in text
+    assert "| 0.7 (top-p 0.8) | dblast-k4 | 2.00 [2.00, 2.00] | 2.00 | 0.60x | 0.60x |" in text
     assert "[results/smollm2/README.md](results/smollm2/README.md)" in text  # relative to the README
     assert "(the `speed` phase, 2 prompts per dataset)" in text
 
@@ -131,7 +153,8 @@ def test_the_results_readme_keeps_its_text_and_gets_missing_tables_appended(tmp_
     run_collect(runs, out)
     text = results_readme(out)
     assert text.startswith(written[0] + "<!-- smollm2-results:targets:begin -->\n| target | measured | met? |")
-    assert (written[1] + "\n## Acceptance and speed-up\n\n<!-- smollm2-results:acceptance:begin -->") in text
+    assert (written[1] + "\n## Acceptance (one branch per cycle, float32)\n\n"
+            "<!-- smollm2-results:acceptance:begin -->") in text
     assert "old" not in text and [block(text, name) for name in SECTIONS]  # every table once
     assert targets(out) == ["no", "pending", "pending", "pending"]
     run_collect(runs, out)

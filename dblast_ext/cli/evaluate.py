@@ -12,7 +12,8 @@ from ..eval.calibration import (CALIBRATION_FRACTION, DEFAULT_GRID, calibrate_ca
 from ..eval.datasets import load_dataset_list
 from ..eval.report import contention_lines, write_report
 from ..eval.runner import RunSpec, evaluate
-from .common import add_model_args, add_sampling_args, check_args, load_decoder, sampling_of
+from .common import (add_model_args, add_sampling_args, check_args, check_tree_args, load_decoder, pick_fastest_settings,
+                     sampling_of)
 
 
 def add_parser(subparsers) -> None:
@@ -21,6 +22,13 @@ def add_parser(subparsers) -> None:
                                           "mtbench or JSONL files): records per response, summary.json, report.md, "
                                           "plots. Rerunning with the same --out resumes.")
     add_model_args(p)
+    p.set_defaults(verify=None)  # branch, unless --fastest-settings picks the rule (run() decides)
+    p.add_argument("--fastest-settings", action="store_true",
+                   help="run at the settings `dblast demo` and `dblast generate` pick for this device and drafter: "
+                        "the fastest measured that keep the output distribution (dblast_ext.fastest_settings: "
+                        "dtype, inference block, draft vocabulary, verification rule and node budget); flags given "
+                        "override them, as there. Without it --dtype auto means float32 on a CPU and --verify "
+                        "branch")
     add_sampling_args(p)
     add_eval_args(p)
     p.add_argument("--category-temperature", default="1.0",
@@ -85,7 +93,8 @@ def check_batch_size_arg(args) -> None:
     if batch_size > 1 and getattr(args, "measure_speedup", False):
         raise ValueError(f"--batch-size {batch_size}: --measure-speedup times every response alone (--batch-size 1)")
     if batch_size > 1 and getattr(args, "verify", "branch") != "branch":
-        raise ValueError(f"--batch-size {batch_size}: --verify tree takes one prompt at a time (--batch-size 1)")
+        picked = " (picked by --fastest-settings)" if getattr(args, "fastest_settings", False) else ""
+        raise ValueError(f"--batch-size {batch_size}: --verify tree{picked} takes one prompt at a time (--batch-size 1)")
 
 
 def run_spec(args) -> RunSpec:
@@ -96,8 +105,22 @@ def run_spec(args) -> RunSpec:
                    batch_size=getattr(args, "batch_size", 1))
 
 
+def choose_settings(args) -> str:
+    """With --fastest-settings, the settings `dblast demo` picks for the flags left out (returns
+    the line saying which); without, the branch rule for --verify left out ("")."""
+    if args.fastest_settings:
+        return pick_fastest_settings(args)
+    if args.verify is None:
+        args.verify = "branch"
+        check_tree_args(args, args.verify)
+    return ""
+
+
 def run(args) -> int:
     check_args(args)
+    picked = choose_settings(args)
+    if picked:
+        print(picked, file=sys.stderr)
     check_batch_size_arg(args)
     calibrating = args.category_temperature == "calibrate"
     if not calibrating:

@@ -150,12 +150,7 @@ def _prompt_means(records: Sequence[dict], eos_only: bool) -> Dict[tuple, float]
     return dict(zip(keys, sums / counts))
 
 
-def paired_delta_tau(records_a: Sequence[dict], records_b: Sequence[dict], *, eos_only: bool = True,
-                     n_boot: int = 2000, seed: int = 0) -> Dict:
-    """tau(B) - tau(A) on the prompts both runs cover and (by default) both ended with EOS:
-    the mean paired difference of per-prompt mean accepted counts, a paired bootstrap 95%
-    interval, and a two-sided p-value from a sign-flip randomisation test (exact in
-    distribution under the null that the paired differences are symmetric about zero)."""
+def _check_same_prompts(records_a: Sequence[dict], records_b: Sequence[dict]) -> None:
     _check(records_a)
     _check(records_b)
     prompts_a = {(r["dataset"], str(r["prompt_id"])) for r in records_a}
@@ -163,6 +158,15 @@ def paired_delta_tau(records_a: Sequence[dict], records_b: Sequence[dict], *, eo
     if prompts_a != prompts_b:
         raise ValueError(f"the runs cover different prompts ({len(prompts_a - prompts_b)} only in A, "
                          f"{len(prompts_b - prompts_a)} only in B): a paired comparison needs the same prompt set")
+
+
+def paired_delta_tau(records_a: Sequence[dict], records_b: Sequence[dict], *, eos_only: bool = True,
+                     n_boot: int = 2000, seed: int = 0) -> Dict:
+    """tau(B) - tau(A) on the prompts both runs cover and (by default) both ended with EOS:
+    the mean paired difference of per-prompt mean accepted counts, a paired bootstrap 95%
+    interval, and a two-sided p-value from a sign-flip randomisation test (exact in
+    distribution under the null that the paired differences are symmetric about zero)."""
+    _check_same_prompts(records_a, records_b)
     a, b = _prompt_means(records_a, eos_only), _prompt_means(records_b, eos_only)
     shared = [k for k in a if k in b]
     if not shared:
@@ -174,6 +178,45 @@ def paired_delta_tau(records_a: Sequence[dict], records_b: Sequence[dict], *, eo
     null = np.abs((signs * diff).mean(axis=1))
     p_value = (1 + np.sum(null >= abs(diff.mean()) - 1e-12)) / (n_boot + 1)
     return {"delta": float(diff.mean()), "ci": _interval(boot), "p_value": float(p_value), "n": len(diff)}
+
+
+def paired_macro_delta(records_a: Sequence[dict], records_b: Sequence[dict], *, key: str = "expected_accepted",
+                       eos_only: bool = True, n_boot: int = 2000, seed: int = 0) -> Dict:
+    """macro(B) - macro(A) of a per-cycle quantity (`key`: a list per record, one value per cycle,
+    such as expected_accepted): per dataset the mean over the cycles of the prompts both runs
+    have cycles for (and, by default, both ended with EOS), then the mean over datasets. With a
+    paired bootstrap 95% interval that resamples prompts within each dataset, the same prompts
+    for both runs. Returns delta, ci, each run's macro (a, b) on those prompts, and the prompts
+    per dataset (n). The runs' own summaries average over each run's kept prompts, so their
+    macros may differ slightly from a and b."""
+    _check_same_prompts(records_a, records_b)
+    totals = []
+    for records in (records_a, records_b):
+        per_prompt = {}
+        for prompt, group in _by_prompt(kept_records(records, eos_only)).items():
+            values = [v for r in group for v in r.get(key, [])]
+            if values:
+                per_prompt[prompt] = (float(sum(values)), float(len(values)))
+        totals.append(per_prompt)
+    datasets = sorted({r["dataset"] for r in records_a})
+    rng = np.random.default_rng(seed)
+    delta_boot, macros, counts = np.zeros(n_boot), [0.0, 0.0], {}
+    for name in datasets:
+        shared = [k for k in totals[0] if k[0] == name and k in totals[1]]
+        if not shared:
+            raise ValueError(f"dataset {name}: no prompt has {key} values"
+                             + (" and an end-of-sequence ending" if eos_only else "") + " in both runs")
+        counts[name] = len(shared)
+        idx = rng.integers(0, len(shared), size=(n_boot, len(shared)))
+        means = []
+        for i, per_prompt in enumerate(totals):
+            sums = np.array([per_prompt[k][0] for k in shared])
+            cycles = np.array([per_prompt[k][1] for k in shared])
+            macros[i] += sums.sum() / cycles.sum() / len(datasets)
+            means.append(sums[idx].sum(axis=1) / cycles[idx].sum(axis=1))
+        delta_boot += (means[1] - means[0]) / len(datasets)
+    return {"delta": float(macros[1] - macros[0]), "ci": _interval(delta_boot), "a": float(macros[0]),
+            "b": float(macros[1]), "n": counts}
 
 
 def holm(p_values: Sequence[float], alpha: float = 0.05) -> List[bool]:

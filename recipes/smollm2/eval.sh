@@ -10,8 +10,10 @@
 #   oracle   the committed length of a drafter that always drafts the target's most likely
 #            token (`dblast diagnose oracle`), at temperatures 0.7, 1.0, 1.5 on the first
 #            ORACLE_PROMPTS prompts of each dataset: a drafter-free reference for the arms
-#   speed    speed-up over target-only sampling: one process at a time with every core, on
-#            the first SPEED_PROMPTS prompts of each dataset (the same prompts and seeds)
+#   speed    speed-up over target-only sampling at the CPU defaults (`dblast eval --fastest-settings`:
+#            the settings `dblast demo` picks, e.g. bfloat16, block 8, 8,192 ids, a trie of branch
+#            nodes; Z_T 1), with tau there: one process at a time with every core, on the first
+#            SPEED_PROMPTS prompts of each dataset (the same prompts and seeds)
 #   blocks   speed-up on GSM8K at temperature 0.7 with shorter inference blocks (16, 8, 4) at the
 #            calibrated Z_T, each with the whole vocabulary and with each draft vocabulary in VOCABS
 #            (--draft-vocab): on a CPU a target pass costs more the more tokens it verifies, and
@@ -89,9 +91,9 @@ for phase in $PHASES; do
       for t in 0.7 1.0 1.5 0; do
         for arm in dblast-k4 dflash-k1; do
           finished "speed $arm T=$t" "$OUT/speed/$arm-T$t/summary.json" && continue
-          dblast eval --drafter "$arm" --datasets "$DATASETS" --num-prompts "$SPEED_PROMPTS" $(sampling "$t") \
-            --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature "$(python recipes/smollm2/chosen_zt.py "$OUT/accept/$arm-T$t")" \
-            --measure-speedup --all-responses --no-progress --out "$OUT/speed/$arm-T$t" | tail -2
+          dblast eval --drafter "$arm" --fastest-settings --datasets "$DATASETS" --num-prompts "$SPEED_PROMPTS" \
+            $(sampling "$t") --max-new-tokens "$MAX_NEW_TOKENS" --measure-speedup --all-responses --no-progress \
+            --out "$OUT/speed/$arm-T$t" | tail -2
         done
       done ;;
     blocks)
