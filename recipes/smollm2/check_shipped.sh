@@ -6,8 +6,10 @@
 # Not the evaluation (recipes/smollm2/eval.sh): fewer prompts, one temperature, every response
 # counted, both drafters at the inference block of the fastest settings (8).
 #   bash recipes/smollm2/check_shipped.sh dflash-k1 > recipes/smollm2/logs/check-shipped-<date>.log
-# Environment: PROMPTS (20), T (0.7, with top-p 0.8 and top-k 20), MAX_NEW_TOKENS (256), DEMO (1; 0: no
-# demo), OUT (runs/check-shipped), OLD_REV (a git revision holding the old drafter).
+# Then both again at the new one's CPU defaults (dblast_ext.fastest_settings: bfloat16 where native, the
+# measured verification rule, node budget and draft vocabulary; one prompt at a time), unless FASTEST=0.
+# Environment: PROMPTS (20), T (0.7, with top-p 0.8 and top-k 20), MAX_NEW_TOKENS (256), FASTEST (1), DEMO
+# (1; 0: no demo), OUT (runs/check-shipped), OLD_REV (a git revision holding the old drafter).
 # Needs the source tree importable (PYTHONPATH=. with the compiled library beside it, or an
 # editable install): the new drafter is the working tree's.
 set -euo pipefail
@@ -32,18 +34,33 @@ OLD_DRAFTER=$(cd "$OLD_DRAFTER" && pwd)
 echo "# bash recipes/smollm2/check_shipped.sh $ARM; $(nproc) cores, $(date -u +%Y-%m-%dT%H:%M)Z"
 echo "# old: $ARM at $(git rev-parse --short "$OLD_REV"); new: the working tree's"
 args=(eval --datasets gsm8k --num-prompts "$PROMPTS" --temperature "$T" --top-p 0.8 --top-k 20
-      --max-new-tokens "$MAX_NEW_TOKENS" --block-size 8 --all-responses --batch-size 8 --no-progress)
+      --max-new-tokens "$MAX_NEW_TOKENS" --block-size 8 --all-responses --no-progress)
 # the two acceptance runs share the cores (no timings), one thread each
-OMP_NUM_THREADS=1 PYTHONPATH=. dblast "${args[@]}" --drafter "$OLD_DRAFTER" --out "$OUT/old-$ARM" > "$OUT-old.log" 2>&1 &
-OMP_NUM_THREADS=1 PYTHONPATH=. dblast "${args[@]}" --drafter "$ARM" --out "$OUT/new-$ARM" > "$OUT-new.log" 2>&1
-wait
-for which in old new; do
-  echo "== $which $ARM: GSM8K, T $T, $PROMPTS prompts"
-  python -c "import json, sys; s = json.load(open(sys.argv[1])); g = s['datasets']['gsm8k']
+run_pair() {  # run_pair SUFFIX FLAGS...: the old and the new drafter side by side, then their GSM8K figures
+  local suffix=$1
+  shift
+  OMP_NUM_THREADS=1 PYTHONPATH=. dblast "${args[@]}" "$@" --drafter "$OLD_DRAFTER" --out "$OUT/old-$ARM$suffix" \
+    > "$OUT-old$suffix.log" 2>&1 &
+  OMP_NUM_THREADS=1 PYTHONPATH=. dblast "${args[@]}" "$@" --drafter "$ARM" --out "$OUT/new-$ARM$suffix" \
+    > "$OUT-new$suffix.log" 2>&1
+  wait
+  for which in old new; do
+    echo "== $which $ARM: GSM8K, T $T, $PROMPTS prompts${suffix:+ (${*})}"
+    python -c "import json, sys; s = json.load(open(sys.argv[1])); g = s['datasets']['gsm8k']
 print({'drafter_digest': s['settings']['drafter_digest'],
        **{k: g[k] for k in ('tau', 'tau_ci', 'expected_accepted', 'histogram', 'n_responses', 'n_eos_terminated')}})" \
-    "$OUT/$which-$ARM/summary.json"
-done
+      "$OUT/$which-$ARM$suffix/summary.json"
+  done
+}
+run_pair "" --batch-size 8
+if [[ ${FASTEST:-1} == 1 ]]; then
+  # the new drafter's CPU defaults as flags: the old one, a checkpoint folder, would not get them by name
+  read -r -a fastest < <(python -c "import sys; from dblast_ext.fastest_settings import fastest_exact_settings
+s = fastest_exact_settings('cpu', sys.argv[1])
+print('--dtype', s.dtype, '--verify', s.verify, *(['--draft-vocab', s.draft_vocab] if s.draft_vocab else []),
+      *(['--max-tree-nodes', s.max_tree_nodes] if s.max_tree_nodes else []))" "$ARM")
+  run_pair -fastest "${fastest[@]}"
+fi
 [[ ${DEMO:-1} == 1 ]] || exit 0
 echo "== dblast demo --drafter $ARM (the new one; idle cores)"
 PYTHONPATH=. dblast demo --drafter "$ARM"
