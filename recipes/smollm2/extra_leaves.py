@@ -14,20 +14,14 @@ import time
 
 import torch
 
-from measuring import HELDOUT_SETS, heldout_prompts
+from measuring import HELDOUT_SETS, add_heldout_run_args, heldout_prompts
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--drafter", default="dblast-k4")
     parser.add_argument("--counts", type=int, nargs="+", default=[0, 2, 4, 8], help="extra leaves to try")
-    parser.add_argument("--sets", nargs="+", default=["math", "chat"], choices=sorted(HELDOUT_SETS))
-    parser.add_argument("--prompts", type=int, default=8, help="first N prompts of each held-out set")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-p", type=float, default=0.95)
-    parser.add_argument("--top-k", type=int, default=20)
+    add_heldout_run_args(parser, sets=["math", "chat"], prompts=8)
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
 

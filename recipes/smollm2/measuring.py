@@ -11,6 +11,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HELDOUT_SETS = {"math": "math-heldout.jsonl", "chat": "chat-heldout.jsonl", "code": "code-heldout.jsonl"}
 
 
+def add_heldout_run_args(parser, *, sets: Sequence[str], prompts: int) -> None:
+    """The flags every measurement on held-out prompts takes: which sets (default `sets`), the
+    first N prompts of each (default `prompts`), the response length, and the sampling filter
+    (T 1.0, top-p 0.95, top-k 20, as `dblast demo`)."""
+    parser.add_argument("--drafter", default="dblast-k4")
+    parser.add_argument("--sets", nargs="+", default=list(sets), choices=sorted(HELDOUT_SETS))
+    parser.add_argument("--prompts", type=int, default=prompts, help="first N prompts of each held-out set")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--top-k", type=int, default=20)
+
+
 def heldout_texts(name: str, count: int) -> List[str]:
     """The first `count` prompts of held-out set `name` (a key of HELDOUT_SETS)."""
     if name not in HELDOUT_SETS:

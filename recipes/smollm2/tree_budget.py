@@ -16,24 +16,18 @@ import time
 
 import torch
 
-from measuring import HELDOUT_SETS, heldout_prompts, load_pair_at_cpu_fastest
+from measuring import HELDOUT_SETS, add_heldout_run_args, heldout_prompts, load_pair_at_cpu_fastest
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--drafter", default="dblast-k4")
     parser.add_argument("--budgets", type=int, nargs="+", default=[0, 24, 16, 12, 8],
                         help="branch nodes per trie (0: all of them)")
     parser.add_argument("--extra-leaves", type=int, default=None,
                         help="extra leaves per trie (default: dblast_ext.decoding.TREE_EXTRA_LEAVES)")
     parser.add_argument("--no-branch", action="store_true", help="leave out greedy-branch verification")
-    parser.add_argument("--sets", nargs="+", default=["math", "chat"], choices=sorted(HELDOUT_SETS))
-    parser.add_argument("--prompts", type=int, default=8, help="first N prompts of each held-out set")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-p", type=float, default=0.95)
-    parser.add_argument("--top-k", type=int, default=20)
+    add_heldout_run_args(parser, sets=["math", "chat"], prompts=8)
     args = parser.parse_args()
 
     from dblast_ext.decoding import TREE_EXTRA_LEAVES, SamplingParams, SpeculativeDecoder
