@@ -160,3 +160,24 @@ def test_restore_leaves_out_what_another_drafter_made(tmp_path):
     assert not (runs / "old-T1.0").exists()
     assert f"made by {drafter} {old}, which is now {now}" in out
     assert "not restored accept/old-T1.0/calibration/calibration.json (a finished run)" in out
+
+
+def test_restore_leaves_out_the_oracle_made_at_another_block(tmp_path):
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    for t, block in (("0.7", 16), ("1.0", 8)):  # a finished oracle run at each block
+        (results / f"oracle-T{t}").mkdir(parents=True)
+        (results / f"oracle-T{t}" / "oracle.json").write_text(json.dumps({"settings": {"block_size": block}}))
+    store = results / "records" / "oracle" / "T1.5"  # kept records of an unfinished one at block 16
+    store.mkdir(parents=True)
+    (store / "records.jsonl").write_text(json.dumps({"prompt_id": "0", "settings": {"block_size": 16}}) + "\n")
+
+    out = checkpoint("restore", "--runs", runs, "--results", results, "--oracle-block", 8)
+    assert not (runs / "oracle" / "T0.7" / "oracle.json").exists()
+    assert "the oracle at block 16, which now runs at block 8" in out
+    assert (runs / "oracle" / "T1.0" / "oracle.json").exists()
+    assert not (runs / "oracle" / "T1.5" / "records.jsonl").exists()
+
+    # without --oracle-block every oracle run comes back, as before
+    checkpoint("restore", "--runs", tmp_path / "other", "--results", results)
+    assert (tmp_path / "other" / "oracle" / "T0.7" / "oracle.json").exists()
+    assert (tmp_path / "other" / "oracle" / "T1.5" / "records.jsonl").exists()

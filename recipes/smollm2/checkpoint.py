@@ -14,7 +14,8 @@ finished on an earlier machine is not run again even where its records were not 
 `restore` leaves out what another drafter made: a records file, or a finished run whose own
 settings or kept records name a drafter (`dblast-k4`, a path) whose checkpoint digest is no
 longer the recorded one, e.g. after retraining, so the new drafter is evaluated anew rather
-than reported with the old one's numbers.
+than reported with the old one's numbers; with `--oracle-block B`, also the oracle's runs and
+records made at another block than B (its tau is read against the drafters' at their block).
 """
 import argparse
 import functools
@@ -78,9 +79,26 @@ def another_drafter(path):
     return f"made by {drafter} {digest}, which is now {now}"
 
 
-def mirror(src_root, dst_root, verb, check_drafter=False) -> int:
+def other_block(path, block):
+    """Why `path`, an oracle's file, was made at another block than `block` (None: the same
+    block, no block recorded, or no block asked for)."""
+    made = recorded_settings(path).get("block_size")
+    if block is None or made is None or made == block:
+        return None
+    return f"the oracle at block {made}, which now runs at block {block}"
+
+
+def made_elsewhere(path, oracle_block=None):
+    """Why `path` should not come back: another drafter made it, or the oracle at another block."""
+    rel = path.replace(os.sep, "/")
+    oracle = "/oracle/" in rel or re.search(r"/oracle-T[0-9.]+/", rel) is not None
+    return another_drafter(path) or (other_block(path, oracle_block) if oracle else None)
+
+
+def mirror(src_root, dst_root, verb, check_drafter=False, oracle_block=None) -> int:
     """Copies every *.jsonl under src_root whose complete lines outnumber dst_root's copy;
-    `check_drafter`: not those made by another drafter than the one now under its name."""
+    `check_drafter`: not those made by another drafter than the one now under its name (nor
+    the oracle's made at another block than `oracle_block`)."""
     copied = 0
     for src in sorted(glob.glob(os.path.join(src_root, "**", "*.jsonl"), recursive=True)):
         rel = os.path.relpath(src, src_root)
@@ -88,7 +106,7 @@ def mirror(src_root, dst_root, verb, check_drafter=False) -> int:
         lines = complete_lines(src)
         if os.path.exists(dst) and len(complete_lines(dst)) >= len(lines):
             continue
-        why = another_drafter(src) if check_drafter else None
+        why = made_elsewhere(src, oracle_block) if check_drafter else None
         if why:
             print(f"not restored {rel}: {why}")
             continue
@@ -113,9 +131,10 @@ FINISHED = [(r"determinism", [("determinism.json", "determinism/determinism.json
                                                    "accept/{arm}-T{t}/calibration/calibration.json")])]
 
 
-def restore_finished(results, runs, store) -> int:
+def restore_finished(results, runs, store, oracle_block=None) -> int:
     """Puts back the finishing files of finished runs, but not those of a run that another
-    drafter made (by the file's own settings or its run's kept records in `store`)."""
+    drafter made (by the file's own settings or its run's kept records in `store`), nor the
+    oracle's made at another block than `oracle_block`."""
     restored = 0
     for name in sorted(os.listdir(results)):
         for pattern, files in FINISHED:
@@ -130,7 +149,7 @@ def restore_finished(results, runs, store) -> int:
                     # the file, the other files collect.py kept of its run, and the run's kept records
                     evidence = [src, *sorted(glob.glob(os.path.join(results, name, "*.json"))),
                                 *sorted(glob.glob(os.path.join(store, os.path.dirname(rel), "*.jsonl")))]
-                    why = next(filter(None, map(another_drafter, evidence)), None)
+                    why = next(filter(None, (made_elsewhere(path, oracle_block) for path in evidence)), None)
                     if why:
                         print(f"not restored {rel} (a finished run): {why}")
                         continue
@@ -159,6 +178,8 @@ def main() -> None:
     parser.add_argument("--results", default=RESULTS, help="the results folder (default: results/smollm2)")
     parser.add_argument("--commit", action="store_true",
                         help="save: also commit the records folder (only it) in the repository holding it")
+    parser.add_argument("--oracle-block", type=int, default=None,
+                        help="restore: leave out the oracle's runs and records made at another block")
     args = parser.parse_args()
     store = os.path.join(args.results, "records")
     if args.action == "save":
@@ -170,8 +191,9 @@ def main() -> None:
             commit(store)
     else:
         os.makedirs(args.runs, exist_ok=True)
-        n = restore_finished(args.results, args.runs, store) if os.path.isdir(args.results) else 0
-        n += mirror(store, args.runs, "restored", check_drafter=True) if os.path.isdir(store) else 0
+        n = restore_finished(args.results, args.runs, store, args.oracle_block) if os.path.isdir(args.results) else 0
+        n += (mirror(store, args.runs, "restored", check_drafter=True, oracle_block=args.oracle_block)
+              if os.path.isdir(store) else 0)
         print(f"{n} files restored into {args.runs}")
 
 

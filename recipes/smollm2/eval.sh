@@ -9,7 +9,8 @@
 #            time in each (these statistics do not depend on timing, so the runs share the cores)
 #   oracle   the committed length of a drafter that always drafts the target's most likely
 #            token (`dblast diagnose oracle`), at temperatures 0.7, 1.0, 1.5 on the first
-#            ORACLE_PROMPTS prompts of each dataset: a drafter-free reference for the arms
+#            ORACLE_PROMPTS prompts of each dataset, at ORACLE_BLOCK (the embedded drafters' block):
+#            a drafter-free reference for the arms with the same ceiling
 #   speed    speed-up over target-only sampling at the CPU defaults (`dblast eval --fastest-settings`:
 #            the settings `dblast demo` picks, e.g. bfloat16, block 8, 8,192 ids, a trie of branch
 #            nodes; Z_T 1), with tau there: one process at a time with every core, on the first
@@ -30,6 +31,7 @@
 # build_ext --inplace`, PYTHONPATH=<clone>), since rebuilding an editable checkout replaces
 # the compiled library under the running workers and fails the runs they start meanwhile.
 # Environment (defaults): OUT (runs/smollm2-eval), PROMPTS (45), SPEED_PROMPTS (10), ORACLE_PROMPTS (20),
+# ORACLE_BLOCK (the block_size of the embedded dblast-k4),
 # WORKERS (2), BATCH (8), GRID (Z_T, 0,0.5,1), MAX_NEW_TOKENS (256; fewer for a smoke run), TRUNCATIONS (200),
 # VOCABS ("full 8192": the draft vocabularies of the blocks phase).
 set -euo pipefail
@@ -41,10 +43,13 @@ VOCABS=${VOCABS:-full 8192}
 PHASES=${PHASES:-accept oracle speed blocks determinism collect}
 DATASETS=gsm8k,mtbench,humaneval,math500
 command -v dblast > /dev/null || { echo "dblast is not on PATH: source .venv/bin/activate (scripts/setup.sh)"; exit 2; }
+ORACLE_BLOCK=${ORACLE_BLOCK:-$(python -c 'import json, os; from dblast_ext.embedded_drafters import embedded_drafter_dir as d
+print(json.load(open(os.path.join(d("dblast-k4"), "config.json")))["block_size"])')}
 mkdir -p "$OUT"
 # runs finished on an earlier machine (results/smollm2/) and records checkpointed into the
-# repository (results/smollm2/records/) come back first: nothing kept is run again
-python recipes/smollm2/checkpoint.py restore --runs "$OUT"
+# repository (results/smollm2/records/) come back first: nothing kept is run again (but
+# nothing another drafter, or the oracle at another block, made)
+python recipes/smollm2/checkpoint.py restore --runs "$OUT" --oracle-block "$ORACLE_BLOCK"
 
 sampling() {  # the filter of each temperature setting
   case $1 in
@@ -73,11 +78,11 @@ one_oracle() {  # one_oracle T: the top-token oracle at one temperature (no timi
   local t=$1
   finished "oracle T=$t" "$OUT/oracle/T$t/oracle.json" && return
   logged "oracle T=$t" "$OUT/oracle-T$t.log" dblast diagnose oracle --datasets "$DATASETS" \
-    --num-prompts "$ORACLE_PROMPTS" $(sampling "$t") --max-new-tokens "$MAX_NEW_TOKENS" --no-progress \
+    --num-prompts "$ORACLE_PROMPTS" --block-size "$ORACLE_BLOCK" $(sampling "$t") --max-new-tokens "$MAX_NEW_TOKENS" --no-progress \
     --out "$OUT/oracle/T$t"
 }
 export -f finished logged one_run one_oracle sampling
-export OUT PROMPTS ORACLE_PROMPTS DATASETS GRID MAX_NEW_TOKENS BATCH
+export OUT PROMPTS ORACLE_PROMPTS ORACLE_BLOCK DATASETS GRID MAX_NEW_TOKENS BATCH
 
 for phase in $PHASES; do
   echo "== $phase ($(date -u +%T))"
