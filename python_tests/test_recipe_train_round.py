@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2"))
 from train_round import (DEFAULT_SETTINGS, amend_settings, conclude, data_sh_shards,  # noqa: E402
-                         measured as measured_run, round_plan, run_config)
+                         how_the_arms_ended, measured as measured_run, round_plan, run_config)
 
 SHIP = "ship"
 
@@ -200,6 +200,39 @@ def test_an_amendment_that_leaves_the_base_its_rounds_keeps_the_stage():
     finish(book, {"base": measured(12.0, 6.0, tau=0.8)})
     record = amend_settings(book, {"max_base_rounds": 3}, "a cap above the rounds run")
     assert "stage" not in record and book["stage"] == "base"
+
+
+def test_raising_max_rounds_reopens_an_arm_the_cap_stopped_while_it_still_gained():
+    book = ledger(max_rounds=2)
+    finish(book, {"baseline-dflash-k1": measured(9.0, 9.0)}, {"L2-B8": {"estimated_tau": 1.0}})
+    for _ in range(2):
+        finish(book, {"base": measured(12.0, 6.0, tau=0.8)})  # the base had its 2 rounds
+    assert book["stage"] == "arms"
+    k4 = {"dblast-k4": {"select_by": "accepted_proxy", "start": {"step": 0, "loss": 5.0, "accepted_proxy": 1.0},
+                        "best": {"step": 150, "loss": 4.0, "accepted_proxy": 1.05}}}  # +5% by its proxy
+    finish(book, {"dflash-k1": measured(6.0, 5.0), **k4})
+    finish(book, {"dflash-k1": measured(5.0, 4.99), **k4})  # dflash-k1 at its plateau, dblast-k4 capped
+    assert book["stage"] == "done" and sorted(book["done"]) == ["dblast-k4", "dflash-k1"]
+    assert how_the_arms_ended(book).startswith("dflash-k1 at its plateau (0.20% in its last round); "
+                                               "dblast-k4 at the cap of 2 rounds, still gaining 5.00%")
+
+    record = amend_settings(book, {"max_rounds": 4}, "dblast-k4 still gained 5% in its last round")
+    assert record["reopened"] == ["dblast-k4"]
+    assert book["stage"] == "arms" and book["done"] == ["dflash-k1"]
+    plan = round_plan(book, SHIP)
+    assert {arm: run["init"] for arm, run in plan["runs"].items()} == {"dblast-k4": os.path.join(SHIP, "dblast-k4")}
+    finish(book, {"dblast-k4": {**k4["dblast-k4"], "best": {"step": 150, "loss": 4.0, "accepted_proxy": 1.005}}})
+    assert book["stage"] == "done" and "dblast-k4" in book["done"]  # +0.5%: its plateau
+
+
+def test_raising_max_rounds_leaves_an_arm_at_its_plateau_done():
+    book = ledger(max_rounds=1, max_base_rounds=1)
+    finish(book, {"baseline-dflash-k1": measured(9.0, 9.0)}, {"L2-B8": {"estimated_tau": 1.0}})
+    finish(book, {"base": measured(12.0, 6.0, tau=0.8)})
+    finish(book, {"dflash-k1": measured(5.0, 4.99), "dblast-k4": measured(5.0, 4.999)})
+    assert book["stage"] == "done"
+    record = amend_settings(book, {"max_rounds": 3}, "more rounds")
+    assert "reopened" not in record and book["stage"] == "done"
 
 
 @pytest.mark.parametrize("changes, why, message", [({"base_step": 1}, "typo", "unknown settings"),

@@ -28,7 +28,8 @@ Each run measures its start on the held-out split (step 0) and stops early after
 checkpoints without a lower held-out loss; its final drafter is its best checkpoint. It
 improved when that loss is lower than at its start; a stage (the base, or an arm) is done when
 a round improves it by less than `min_gain` (relative), or after `max_rounds` rounds
-(`max_base_rounds` for the base). The dflash-k1 arm goes on with the base's objective, so
+(`max_base_rounds` for the base); amending `max_rounds` upward reopens an arm the cap stopped
+while its last round still gained `min_gain` or more. The dflash-k1 arm goes on with the base's objective, so
 ending the base early (an amended `max_base_rounds`, which takes effect at once) costs
 dflash-k1 nothing and gives dblast-k4 its rounds sooner.
 
@@ -140,8 +141,43 @@ def amend_settings(ledger: dict, changes: dict, why: str) -> dict:
     if ledger["stage"] == "base" and base_is_done(ledger):  # e.g. max_base_rounds cut to the rounds already run
         ledger["stage"], ledger["arms_from_round"] = "arms", len(ledger["rounds"])
         record["stage"] = {"old": "base", "new": "arms"}
+    reopened = reopen_capped_arms(ledger)
+    if reopened:
+        record["reopened"] = reopened
     ledger.setdefault("amended", []).append(record)
     return record
+
+
+def arm_rounds(ledger: dict, arm: str) -> list:
+    """The runs of `arm` in the rounds so far, oldest first (as conclude counts an arm's rounds)."""
+    return [r["runs"][arm] for r in ledger["rounds"] if arm in r.get("runs", {})]
+
+
+def how_the_arms_ended(ledger: dict) -> str:
+    """Per arm: its plateau (the last round's gain under min_gain) or the max_rounds cap."""
+    s, ends = ledger["settings"], []
+    for arm in ARMS:
+        runs = arm_rounds(ledger, arm)
+        gain = runs[-1].get("gain", 0.0) if runs else 0.0
+        ends.append(f"{arm} at its plateau ({gain:.2%} in its last round)" if gain < s["min_gain"] else
+                    f"{arm} at the cap of {s['max_rounds']} rounds, still gaining {gain:.2%} (--amend "
+                    f"'{{\"max_rounds\": N}}' gives it more)")
+    return "; ".join(ends)
+
+
+def reopen_capped_arms(ledger: dict) -> list:
+    """The arms that `max_rounds` stopped while their last round still gained `min_gain` or
+    more, taken off the done list now that the (amended) cap leaves them rounds: a plateau is
+    what ends an arm, the cap only bounds a sitting's plans. The stage goes back to the arms."""
+    s, reopened = ledger["settings"], []
+    for arm in list(ledger["done"]):
+        runs = arm_rounds(ledger, arm)
+        if runs and runs[-1].get("gain", 0.0) >= s["min_gain"] and len(runs) < s["max_rounds"]:
+            ledger["done"].remove(arm)
+            reopened.append(arm)
+    if reopened and ledger["stage"] == "done":
+        ledger["stage"] = "arms"
+    return reopened
 
 
 def base_rounds(ledger: dict) -> int:
@@ -267,7 +303,7 @@ def conclude(ledger: dict, plan: dict, record: dict, pilots: dict) -> list:
             if gain > 0:
                 ship.append((arm, arm))
                 ledger["shipped"][arm] = plan["round"]
-            rounds = sum(1 for r in ledger["rounds"] if arm in r["runs"]) + 1
+            rounds = len(arm_rounds(ledger, arm)) + 1
             if gain < s["min_gain"] or rounds >= s["max_rounds"]:
                 ledger["done"].append(arm)
         if all(arm in ledger["done"] for arm in ARMS):
@@ -356,7 +392,7 @@ def run_round(args, overrides: dict) -> bool:
     if ledger is None:
         ledger = new_ledger(args.store, {**DEFAULT_SETTINGS, **overrides})
     if ledger["stage"] == "done":
-        print(f"training is done: {ledger.get('note') or 'every stage reached its plateau'}")
+        print(f"training is done: {ledger.get('note') or how_the_arms_ended(ledger)}")
         return False
     plan = round_plan(ledger, args.ship_dir)
     missing = [name for name in plan["shards"] if not os.path.isfile(os.path.join(args.store, "responses", name))]
