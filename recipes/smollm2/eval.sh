@@ -33,7 +33,8 @@
 # Environment (defaults): OUT (runs/smollm2-eval), PROMPTS (45), SPEED_PROMPTS (10), ORACLE_PROMPTS (20),
 # ORACLE_BLOCK (the block_size of the embedded dblast-k4),
 # WORKERS (2), BATCH (8), GRID (Z_T, 0,0.5,1), MAX_NEW_TOKENS (256; fewer for a smoke run), TRUNCATIONS (200),
-# VOCABS ("full 8192": the draft vocabularies of the blocks phase).
+# VOCABS ("full 8192": the draft vocabularies of the blocks phase), ARMS ("dblast-k4 dflash-k1": the
+# drafters evaluated, e.g. one whose training is final while the other still trains).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/smollm2-eval} PROMPTS=${PROMPTS:-45} SPEED_PROMPTS=${SPEED_PROMPTS:-10} WORKERS=${WORKERS:-2}
@@ -41,6 +42,7 @@ BATCH=${BATCH:-8}
 ORACLE_PROMPTS=${ORACLE_PROMPTS:-20} GRID=${GRID:-0,0.5,1} MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
 VOCABS=${VOCABS:-full 8192}
 PHASES=${PHASES:-accept oracle speed blocks determinism collect}
+ARMS=${ARMS:-dblast-k4 dflash-k1}
 DATASETS=gsm8k,mtbench,humaneval,math500
 command -v dblast > /dev/null || { echo "dblast is not on PATH: source .venv/bin/activate (scripts/setup.sh)"; exit 2; }
 ORACLE_BLOCK=${ORACLE_BLOCK:-$(python -c 'import json, os; from dblast_ext.embedded_drafters import embedded_drafter_dir as d
@@ -88,13 +90,13 @@ for phase in $PHASES; do
   echo "== $phase ($(date -u +%T))"
   case $phase in
     accept)
-      for t in 0.7 1.0 1.5 0; do for arm in dblast-k4 dflash-k1; do echo "$arm $t"; done; done \
+      for t in 0.7 1.0 1.5 0; do for arm in $ARMS; do echo "$arm $t"; done; done \
         | xargs -P "$WORKERS" -L 1 bash -c 'one_run "$0" "$1"' ;;
     oracle)
       printf '%s\n' 0.7 1.0 1.5 | xargs -P "$WORKERS" -L 1 bash -c 'one_oracle "$0"' ;;
     speed)
       for t in 0.7 1.0 1.5 0; do
-        for arm in dblast-k4 dflash-k1; do
+        for arm in $ARMS; do
           finished "speed $arm T=$t" "$OUT/speed/$arm-T$t/summary.json" && continue
           dblast eval --drafter "$arm" --fastest-settings --datasets "$DATASETS" --num-prompts "$SPEED_PROMPTS" \
             $(sampling "$t") --max-new-tokens "$MAX_NEW_TOKENS" --measure-speedup --all-responses --no-progress \
@@ -102,7 +104,7 @@ for phase in $PHASES; do
         done
       done ;;
     blocks)
-      for arm in dblast-k4 dflash-k1; do
+      for arm in $ARMS; do
         for b in 16 8 4; do
           for v in $VOCABS; do
             name=$arm-B$b$([[ $v == full ]] || echo "-V$v")
@@ -115,6 +117,7 @@ for phase in $PHASES; do
         done
       done ;;
     determinism)
+      [[ " $ARMS " == *" dblast-k4 "* && " $ARMS " == *" dflash-k1 "* ]] || { echo "determinism needs both arms: skipped"; continue; }
       # finished once determinism.json holds the baseline too: a run made before --baseline resumes to add it
       grep -qs '"baseline"' "$OUT/determinism/determinism.json" && { echo "done determinism (finished before)"; continue; }
       dblast diagnose determinism --drafter dblast-k4 --baseline dflash-k1 --datasets mtbench --num-prompts 20 $(sampling 1.0) \
