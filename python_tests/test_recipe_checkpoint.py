@@ -181,3 +181,20 @@ def test_restore_leaves_out_the_oracle_made_at_another_block(tmp_path):
     checkpoint("restore", "--runs", tmp_path / "other", "--results", results)
     assert (tmp_path / "other" / "oracle" / "T0.7" / "oracle.json").exists()
     assert (tmp_path / "other" / "oracle" / "T1.5" / "records.jsonl").exists()
+
+
+def test_save_replaces_a_longer_copy_that_another_drafter_made(tmp_path):
+    """A retrained drafter's run starts again at the old run's path: its first save replaces the
+    old drafter's records even while they are the longer file, and then grows as usual."""
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    store = results / "records" / "accept" / "dflash-k1-T1.0"
+    store.mkdir(parents=True)
+    old = "".join(json.dumps({"prompt_id": str(i), "settings": {"drafter_digest": "old"}}) + "\n" for i in range(9))
+    (store / "records.jsonl").write_text(old)
+    run = runs / "accept" / "dflash-k1-T1.0"
+    run.mkdir(parents=True)
+    new = "".join(json.dumps({"prompt_id": str(i), "settings": {"drafter_digest": "new"}}) + "\n" for i in range(3))
+    (run / "records.jsonl").write_text(new)
+    checkpoint("save", "--runs", runs, "--results", results)
+    assert (store / "records.jsonl").read_text() == new
+    assert "0 records files saved" in checkpoint("save", "--runs", runs, "--results", results)  # nothing new

@@ -96,7 +96,8 @@ def made_elsewhere(path, oracle_block=None):
 
 
 def mirror(src_root, dst_root, verb, check_drafter=False, oracle_block=None) -> int:
-    """Copies every *.jsonl under src_root whose complete lines outnumber dst_root's copy;
+    """Copies every *.jsonl under src_root whose complete lines outnumber dst_root's copy, or
+    whose settings differ from that copy's (a run of a retrained drafter replaces the old one's);
     `check_drafter`: not those made by another drafter than the one now under its name (nor
     the oracle's made at another block than `oracle_block`)."""
     copied = 0
@@ -104,7 +105,9 @@ def mirror(src_root, dst_root, verb, check_drafter=False, oracle_block=None) -> 
         rel = os.path.relpath(src, src_root)
         dst = os.path.join(dst_root, rel)
         lines = complete_lines(src)
-        if os.path.exists(dst) and len(complete_lines(dst)) >= len(lines):
+        # a copy with as many lines is kept, unless other settings (another drafter, say) made it
+        if (os.path.exists(dst) and len(complete_lines(dst)) >= len(lines)
+                and recorded_settings(dst) == recorded_settings(src)):
             continue
         why = made_elsewhere(src, oracle_block) if check_drafter else None
         if why:
