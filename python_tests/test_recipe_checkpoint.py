@@ -166,12 +166,18 @@ def test_restore_leaves_out_the_oracle_made_at_another_block(tmp_path):
     results, runs = tmp_path / "results", tmp_path / "runs"
     for t, block in (("0.7", 16), ("1.0", 8)):  # a finished oracle run at each block
         (results / f"oracle-T{t}").mkdir(parents=True)
-        (results / f"oracle-T{t}" / "oracle.json").write_text(json.dumps({"settings": {"block_size": block}}))
+        (results / f"oracle-T{t}" / "oracle.json").write_text(json.dumps({"settings": {"oracle": "top token",
+                                                                                "block_size": block}}))
     store = results / "records" / "oracle" / "T1.5"  # kept records of an unfinished one at block 16
     store.mkdir(parents=True)
-    (store / "records.jsonl").write_text(json.dumps({"prompt_id": "0", "settings": {"block_size": 16}}) + "\n")
+    (store / "records.jsonl").write_text(json.dumps({"prompt_id": "0", "settings": {"oracle": "top token",
+                                                                                 "block_size": 16}}) + "\n")
+    arm = results / "records" / "blocks" / "dflash-k1-B16"  # a drafter's run at block 16 is not the oracle's
+    arm.mkdir(parents=True)
+    (arm / "records.jsonl").write_text(json.dumps({"prompt_id": "0", "settings": {"block_size": 16}}) + "\n")
 
     out = checkpoint("restore", "--runs", runs, "--results", results, "--oracle-block", 8)
+    assert (runs / "blocks" / "dflash-k1-B16" / "records.jsonl").exists()
     assert not (runs / "oracle" / "T0.7" / "oracle.json").exists()
     assert "the oracle at block 16, which now runs at block 8" in out
     assert (runs / "oracle" / "T1.0" / "oracle.json").exists()

@@ -67,9 +67,9 @@ def recorded_settings(path):
     return settings if isinstance(settings, dict) else {}
 
 
-def another_drafter(path):
-    """Why `path` was made by another drafter than the one now under its name, or None."""
-    settings = recorded_settings(path)
+def another_drafter(settings):
+    """Why a file with these recorded settings was made by another drafter than the one now
+    under its name, or None."""
     drafter, digest = settings.get("drafter"), settings.get("drafter_digest")
     if not isinstance(drafter, str) or not isinstance(digest, str):
         return None
@@ -79,20 +79,19 @@ def another_drafter(path):
     return f"made by {drafter} {digest}, which is now {now}"
 
 
-def other_block(path, block):
-    """Why `path`, an oracle's file, was made at another block than `block` (None: the same
-    block, no block recorded, or no block asked for)."""
-    made = recorded_settings(path).get("block_size")
-    if block is None or made is None or made == block:
+def other_block(settings, block):
+    """Why a file of the oracle (its settings name one) was made at another block than `block`
+    (None: not the oracle's, the same block, no block recorded, or no block asked for)."""
+    made = settings.get("block_size")
+    if block is None or settings.get("oracle") is None or made is None or made == block:
         return None
     return f"the oracle at block {made}, which now runs at block {block}"
 
 
 def made_elsewhere(path, oracle_block=None):
     """Why `path` should not come back: another drafter made it, or the oracle at another block."""
-    rel = path.replace(os.sep, "/")
-    oracle = "/oracle/" in rel or re.search(r"/oracle-T[0-9.]+/", rel) is not None
-    return another_drafter(path) or (other_block(path, oracle_block) if oracle else None)
+    settings = recorded_settings(path)
+    return another_drafter(settings) or other_block(settings, oracle_block)
 
 
 def mirror(src_root, dst_root, verb, check_drafter=False, oracle_block=None) -> int:

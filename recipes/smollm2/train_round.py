@@ -29,9 +29,9 @@ checkpoints without a lower held-out loss; its final drafter is its best checkpo
 improved when that loss is lower than at its start; a stage (the base, or an arm) is done when
 a round improves it by less than `min_gain` (relative), or after `max_rounds` rounds
 (`max_base_rounds` for the base); amending `max_rounds` upward reopens an arm the cap stopped
-while its last round still gained `min_gain` or more. The dflash-k1 arm goes on with the base's objective, so
-ending the base early (an amended `max_base_rounds`, which takes effect at once) costs
-dflash-k1 nothing and gives dblast-k4 its rounds sooner.
+while its last round still gained `min_gain` or more. The dflash-k1 arm goes on with the
+base's objective, so ending the base early (an amended `max_base_rounds`, which takes effect
+at once) costs dflash-k1 nothing and gives dblast-k4 its rounds sooner.
 
     python recipes/smollm2/train_round.py                 # the next round
     python recipes/smollm2/train_round.py --plan          # what the next round would do
@@ -153,12 +153,17 @@ def arm_rounds(ledger: dict, arm: str) -> list:
     return [r["runs"][arm] for r in ledger["rounds"] if arm in r.get("runs", {})]
 
 
+def last_gain(ledger: dict, arm: str) -> float:
+    """The relative gain of `arm`'s last round (0 before its first)."""
+    runs = arm_rounds(ledger, arm)
+    return runs[-1].get("gain", 0.0) if runs else 0.0
+
+
 def how_the_arms_ended(ledger: dict) -> str:
     """Per arm: its plateau (the last round's gain under min_gain) or the max_rounds cap."""
     s, ends = ledger["settings"], []
     for arm in ARMS:
-        runs = arm_rounds(ledger, arm)
-        gain = runs[-1].get("gain", 0.0) if runs else 0.0
+        gain = last_gain(ledger, arm)
         ends.append(f"{arm} at its plateau ({gain:.2%} in its last round)" if gain < s["min_gain"] else
                     f"{arm} at the cap of {s['max_rounds']} rounds, still gaining {gain:.2%} (--amend "
                     f"'{{\"max_rounds\": N}}' gives it more)")
@@ -171,8 +176,7 @@ def reopen_capped_arms(ledger: dict) -> list:
     what ends an arm, the cap only bounds a sitting's plans. The stage goes back to the arms."""
     s, reopened = ledger["settings"], []
     for arm in list(ledger["done"]):
-        runs = arm_rounds(ledger, arm)
-        if runs and runs[-1].get("gain", 0.0) >= s["min_gain"] and len(runs) < s["max_rounds"]:
+        if last_gain(ledger, arm) >= s["min_gain"] and len(arm_rounds(ledger, arm)) < s["max_rounds"]:
             ledger["done"].remove(arm)
             reopened.append(arm)
     if reopened and ledger["stage"] == "done":
