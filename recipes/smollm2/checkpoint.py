@@ -26,7 +26,7 @@ import re
 import shutil
 import subprocess
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "results", "smollm2")
+RESULTS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "results", "smollm2"))
 
 
 def complete_lines(path):
@@ -188,7 +188,7 @@ def main() -> None:
         if not os.path.isdir(args.runs):
             parser.error(f"--runs: no directory {args.runs}")
         n = mirror(args.runs, store, "saved")
-        print(f"{n} records files saved into {store}")
+        print(f"{n} records files saved into {os.path.relpath(store)}")
         if args.commit and n:
             commit(store)
     else:
