@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from dblast_ext.drafter_io import checkpoint_files, config_from_json
 from dblast_ext.eval.report import write_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -220,14 +221,17 @@ def test_a_calibrated_zt_at_the_top_of_its_grid_says_so(tmp_path):
 
 def test_the_committed_results_are_what_collect_writes_from_the_committed_runs(tmp_path):
     """results/smollm2/README.md and README.md's results block, regenerated from the finished
-    runs kept in results/smollm2/ (checkpoint.py restores them as eval.sh would), come out
-    byte for byte as committed: the figures in both are the runs', not copies edited by hand."""
+    runs and the records kept in results/smollm2/ (checkpoint.py restores them as eval.sh would;
+    the paired intervals need the records), come out byte for byte as committed: the figures in
+    both are the runs', not copies edited by hand."""
     pytest.importorskip("matplotlib")
     runs, out, readme = tmp_path / "runs", tmp_path / "results" / "smollm2", tmp_path / "README.md"
-    shutil.copytree(RESULTS, out, ignore=shutil.ignore_patterns("records"))  # the plots the tables link to
+    shutil.copytree(RESULTS, out)  # the plots the tables link to, and the records
     shutil.copyfile(os.path.join(ROOT, "README.md"), readme)
-    restore = subprocess.run([sys.executable, CHECKPOINT, "restore", "--runs", str(runs), "--results", str(out)],
-                             capture_output=True, text=True)
+    with open(checkpoint_files("dblast-k4")[0]) as f:  # the oracle's block, as eval.sh passes it
+        oracle_block = config_from_json(json.load(f)).block_size
+    restore = subprocess.run([sys.executable, CHECKPOINT, "restore", "--runs", str(runs), "--results", str(out),
+                              "--oracle-block", str(oracle_block)], capture_output=True, text=True)
     assert restore.returncode == 0, restore.stderr
     run_collect(runs, out, "--readme", readme)
     with open(os.path.join(RESULTS, "README.md")) as f:
