@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from dblast_ext.drafter_io import checkpoint_files, config_from_json
+from dblast_ext.cli.common import read_checkpoint_config
 from dblast_ext.eval.report import write_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -228,8 +228,7 @@ def test_the_committed_results_are_what_collect_writes_from_the_committed_runs(t
     runs, out, readme = tmp_path / "runs", tmp_path / "results" / "smollm2", tmp_path / "README.md"
     shutil.copytree(RESULTS, out)  # the plots the tables link to, and the records
     shutil.copyfile(os.path.join(ROOT, "README.md"), readme)
-    with open(checkpoint_files("dblast-k4")[0]) as f:  # the oracle's block, as eval.sh passes it
-        oracle_block = config_from_json(json.load(f)).block_size
+    oracle_block = read_checkpoint_config("dblast-k4", "dblast-k4").block_size  # as eval.sh passes it
     restore = subprocess.run([sys.executable, CHECKPOINT, "restore", "--runs", str(runs), "--results", str(out),
                               "--oracle-block", str(oracle_block)], capture_output=True, text=True)
     assert restore.returncode == 0, restore.stderr

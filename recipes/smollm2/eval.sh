@@ -45,8 +45,8 @@ PHASES=${PHASES:-accept oracle speed blocks determinism collect}
 ARMS=${ARMS:-dblast-k4 dflash-k1}
 DATASETS=gsm8k,mtbench,humaneval,math500
 command -v dblast > /dev/null || { echo "dblast is not on PATH: source .venv/bin/activate (scripts/setup.sh)"; exit 2; }
-ORACLE_BLOCK=${ORACLE_BLOCK:-$(python -c 'import json; from dblast_ext.drafter_io import checkpoint_files, config_from_json
-print(config_from_json(json.load(open(checkpoint_files("dblast-k4")[0]))).block_size)')}
+ORACLE_BLOCK=${ORACLE_BLOCK:-$(python -c 'from dblast_ext.cli.common import read_checkpoint_config
+print(read_checkpoint_config("dblast-k4", "ORACLE_BLOCK").block_size)')}
 mkdir -p "$OUT"
 # runs finished on an earlier machine (results/smollm2/) and records checkpointed into the
 # repository (results/smollm2/records/) come back first: nothing kept is run again (but
