@@ -2,11 +2,12 @@
   - one target forward over [anchor, block] after a 512-token prompt (the loop's own cache),
     the floor a cycle is compared with;
   - the cycle time at batch 1 for K = 1 and K = 4 (interleaved repeats, medians), so the
-    overhead of K branches and the cycle / target-forward ratio;
-  - the host synchronisations per cycle and per target-alone token
+    overhead of K branches and the cycle / target-forward ratio; K = 4 also with the
+    fixed-shape target cache (target_cache="static", dblast_ext.slot_cache);
+  - the host synchronisations per cycle (both caches) and per target-alone token
     (torch.cuda.set_sync_debug_mode), with the source lines that cause them;
-  - tokens per second at batch 1, 8, 32: speculative (generate_batch) against the target alone
-    batched the same way (generate_autoregressive_batch).
+  - tokens per second at batch 1, 8, 32: speculative (generate_batch, both caches) against
+    the target alone batched the same way (generate_autoregressive_batch).
 Random weights accept almost nothing, so the batch figures compare cycle costs (about one
 token per cycle), not speed-ups of a trained pair.
 
@@ -175,15 +176,19 @@ def graph_probe(device, repeats=50):
     return dict(outputs_equal=same, eager_ms=per_call(call), replay_ms=per_call(graph.replay))
 
 
-def batch_speeds(dec, prompts, sampling, new_tokens, device):
+def batch_speeds(dec, prompts, sampling, new_tokens, device, static):
+    """Tokens per second of `dec` (compacting cache), `static` (the same pair, fixed-shape cache)
+    and the target alone; ratios against the target alone."""
     rows = {}
-    for name, run in (("speculative", dec.generate_batch), ("target alone", dec.generate_autoregressive_batch)):
+    for name, run in (("speculative", dec.generate_batch), ("speculative, static cache", static.generate_batch),
+                      ("target alone", dec.generate_autoregressive_batch)):
         outs, seconds = wall(lambda: run(prompts, sampling, new_tokens, seeds=list(range(len(prompts)))), device)
         tokens = sum(len(o.token_ids) for o in outs)
         rows[name] = dict(tokens=tokens, seconds=round(seconds, 4), tokens_per_s=tokens / seconds)
-        if name == "speculative":
+        if name != "target alone":
             rows[name]["cycles"] = max(len(o.cycles) for o in outs)
     rows["ratio"] = rows["speculative"]["tokens_per_s"] / rows["target alone"]["tokens_per_s"]
+    rows["static_ratio"] = rows["speculative, static cache"]["tokens_per_s"] / rows["target alone"]["tokens_per_s"]
     return rows
 
 
@@ -196,7 +201,8 @@ def main():
     four = copy.deepcopy(drafter)
     four.add_branch_head(4, generator=torch.Generator().manual_seed(4))
     four.to(device=device)
-    decoders = {"K=1": SpeculativeDecoder(target, drafter), "K=4": SpeculativeDecoder(target, four)}
+    decoders = {"K=1": SpeculativeDecoder(target, drafter), "K=4": SpeculativeDecoder(target, four),
+                "K=4 static": SpeculativeDecoder(target, four, target_cache="static")}
     sampling = SamplingParams(1.0)
     prompt = random_prompts(1, args.prompt_len, min(vocab, 151000), seed=0)[0]
     result = dict(date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), torch=torch.__version__,
@@ -216,6 +222,8 @@ def main():
     result["cycle_over_target_forward"] = k1 / result["target_forward_ms"]
 
     if device == "cuda":
+        static, static_where = count_syncs(lambda: decoders["K=4 static"].generate_batch(
+            [prompt], sampling, args.new_tokens, seeds=[0])[0])
         out, where = count_syncs(lambda: decoders["K=4"].generate_batch([prompt], sampling, args.new_tokens,
                                                                         seeds=[0])[0])
         alone, alone_where = count_syncs(lambda: decoders["K=4"].generate_autoregressive_batch(
@@ -223,7 +231,9 @@ def main():
         result["syncs"] = dict(cycles=len(out.cycles), total=sum(where.values()),
                                per_cycle=sum(where.values()) / len(out.cycles), where=dict(where.most_common(12)),
                                target_alone_per_token=sum(alone_where.values()) / len(alone.token_ids),
-                               target_alone_where=dict(alone_where.most_common(6)))
+                               target_alone_where=dict(alone_where.most_common(6)),
+                               static_per_cycle=sum(static_where.values()) / len(static.cycles),
+                               static_where=dict(static_where.most_common(12)))
         print(f"host syncs: {result['syncs']['per_cycle']:.2f} per cycle ({dict(where.most_common(6))}); "
               f"target alone {result['syncs']['target_alone_per_token']:.2f} per token", flush=True)
 
@@ -237,10 +247,12 @@ def main():
     for size in (int(b) for b in args.batches.split(",")):
         prompts = random_prompts(size, args.prompt_len, min(vocab, 151000), seed=size)
         if not result["batches"]:
-            batch_speeds(decoders["K=4"], prompts, sampling, 4, device)  # warm-up
-        rows = batch_speeds(decoders["K=4"], prompts, sampling, args.batch_new_tokens, device)
+            batch_speeds(decoders["K=4"], prompts, sampling, 4, device, decoders["K=4 static"])  # warm-up
+        rows = batch_speeds(decoders["K=4"], prompts, sampling, args.batch_new_tokens, device,
+                            static=decoders["K=4 static"])
         result["batches"][size] = rows
-        print(f"batch {size}: speculative {rows['speculative']['tokens_per_s']:.1f} tok/s, target alone "
+        print(f"batch {size}: speculative {rows['speculative']['tokens_per_s']:.1f} tok/s (static cache "
+              f"{rows['speculative, static cache']['tokens_per_s']:.1f}), target alone "
               f"{rows['target alone']['tokens_per_s']:.1f} tok/s ({rows['ratio']:.2f}x)", flush=True)
 
     with open(os.path.join(args.out, "gpu_cycle.json"), "w") as f:
@@ -263,6 +275,7 @@ def markdown(r) -> str:
     if "syncs" in r:
         s = r["syncs"]
         lines += [f"| host syncs per cycle (K = 4) | {s['per_cycle']:.2f} |",
+                  f"| host syncs per cycle (K = 4, static cache) | {s['static_per_cycle']:.2f} |",
                   f"| host syncs per token, target alone | {s['target_alone_per_token']:.2f} |"]
     if "graph" in r:
         g = r["graph"]
@@ -272,14 +285,18 @@ def markdown(r) -> str:
             differ = "" if g["outputs_equal"] else " (OUTPUTS DIFFER)"
             lines.append(f"| branch_verify N=1 eager / CUDA-graph replay (ms) | "
                          f"{g['eager_ms']:.3f} / {g['replay_ms']:.3f}{differ} |")
-    lines += ["", "| batch | speculative (tok/s) | target alone (tok/s) | ratio | cycles |",
-              "| ---: | ---: | ---: | ---: | ---: |"]
+    lines += ["", "| batch | speculative (tok/s) | static cache (tok/s) | target alone (tok/s) | ratio | "
+                  "static ratio | cycles |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for size, row in r["batches"].items():
-        lines.append(f"| {size} | {row['speculative']['tokens_per_s']:.1f} | {row['target alone']['tokens_per_s']:.1f} "
-                     f"| {row['ratio']:.2f}x | {row['speculative']['cycles']} |")
+        lines.append(f"| {size} | {row['speculative']['tokens_per_s']:.1f} "
+                     f"| {row['speculative, static cache']['tokens_per_s']:.1f} "
+                     f"| {row['target alone']['tokens_per_s']:.1f} | {row['ratio']:.2f}x | {row['static_ratio']:.2f}x "
+                     f"| {row['speculative']['cycles']} |")
     if "syncs" in r:
         lines += ["", "Host syncs by source line (K = 4 speculative run):", ""]
         lines += [f"- `{where}`: {count}" for where, count in r["syncs"]["where"].items()]
+        lines += ["", "Host syncs by source line (K = 4, static cache):", ""]
+        lines += [f"- `{where}`: {count}" for where, count in r["syncs"]["static_where"].items()]
     return "\n".join(lines) + "\n"
 
 

@@ -38,7 +38,7 @@ from .target import TargetAdapter
 from .trie import add_alternative_leaves, build_trie, drafted_token_probs
 
 __all__ = ["SpeculativeDecoder", "SamplingParams", "GenerationOutput", "CycleRecord", "sample_autoregressive",
-           "sample_autoregressive_batch", "choose_branch", "VERIFY_MODES", "TREE_EXTRA_LEAVES"]
+           "sample_autoregressive_batch", "choose_branch", "VERIFY_MODES", "TARGET_CACHES", "TREE_EXTRA_LEAVES"]
 
 
 def choose_branch(prior: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -52,6 +52,7 @@ def choose_branch(prior: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 
 VERIFY_MODES = ("branch", "tree")
+TARGET_CACHES = ("dynamic", "static")
 # extra leaves per trie by default, chosen on held-out training prompts (not an evaluation set) with
 # the embedded dblast-k4 at T 1.0 (recipes/smollm2/extra_leaves.py): tokens per pass over the branch
 # rule's +1.7% / +6.1% (math / chat) with none, +10.5% / +10.5% with 2, +21.4% / +13.8% with 4,
@@ -63,7 +64,7 @@ class SpeculativeDecoder:
     def __init__(self, target, drafter: Optional[DBlastDrafter] = None, *, category_temperature: float = 1.0,
                  use_kernels: bool = True, draft_vocab: DraftVocab = None, proposer: Optional[Proposer] = None,
                  verify: str = "branch", max_tree_nodes: Optional[int] = None,
-                 extra_leaves: Optional[int] = None):
+                 extra_leaves: Optional[int] = None, target_cache: str = "dynamic"):
         """`target`: a Hugging Face causal LM. Either `drafter` (a DBlastDrafter, drafting over
         `draft_vocab`, see dblast_ext.draft_vocabulary, at category temperature Z_T) or
         `proposer` (anything implementing dblast_ext.proposer.Proposer; its own settings then
@@ -77,6 +78,11 @@ class SpeculativeDecoder:
         drafter's likeliest tokens that no branch drafted, from a proposer that ranks them
         (returning a `proposer.RankedProposal`; a DrafterProposer is told to). Both modes leave the output
         distribution the target's.
+        `target_cache`: "dynamic" keeps the target's KV cache as long as the committed tokens and
+        compacts a batch's rows after each cycle (dblast_ext.ragged_cache; the fastest on a CPU);
+        "static" gives every verify forward the same shapes (one buffer of fixed slots, each row
+        writing at its own length, a commit one addition on the device: dblast_ext.slot_cache),
+        what graph capture needs. Same outputs; "static" with verify="branch" only.
         Speed without changing the output: the models' dtype, the drafter's inference block
         (`drafter.config.block_size`), `draft_vocab`, `verify` and `max_tree_nodes` change only
         how fast this runs. On a CPU the fastest measured for the embedded drafters (float32
@@ -93,7 +99,13 @@ class SpeculativeDecoder:
         if extra_leaves is not None and (int(extra_leaves) < 0 or (verify != "tree" and int(extra_leaves) != 0)):
             raise ValueError(f"extra_leaves must be None or >= 0, and > 0 only with verify='tree'; got "
                              f"{extra_leaves!r} with verify={verify!r}")
+        if target_cache not in TARGET_CACHES:
+            raise ValueError(f"target_cache must be one of {', '.join(TARGET_CACHES)}, got {target_cache!r}")
+        if target_cache == "static" and verify != "branch":
+            raise ValueError("target_cache='static' verifies one branch per cycle (verify='branch'); the trie's "
+                             f"rows differ in number every cycle; got verify={verify!r}")
         self.verify = verify
+        self.target_cache = target_cache
         self.max_tree_nodes = max_tree_nodes
         self.extra_leaves = 0 if verify != "tree" else TREE_EXTRA_LEAVES if extra_leaves is None else int(extra_leaves)
         self._use_kernels = use_kernels
@@ -184,6 +196,10 @@ class SpeculativeDecoder:
         context = layout.left_align(features)
         context_lens = torch.tensor(layout.lengths, device=device)
         proposer_cache = self.proposer.new_cache(len(rows), layout.end + max_new_tokens + 2 * block, device)
+        if self.target_cache == "static":  # fixed shapes from here on: room for every row's last block
+            from .slot_cache import SlotRows
+
+            layout, target_cache = SlotRows.from_prefill(target_cache, layout, layout.end + max_new_tokens + block)
 
         outputs = [[] for _ in rows]
         active = []
@@ -211,7 +227,7 @@ class SpeculativeDecoder:
             accepted = result.num_accepted.long()
             # 5. the cycle's one host read: how many drafts each row accepted, and the tokens
             read = torch.cat([accepted[:, None], result.output_tokens], dim=1).tolist()
-            layout.commit(target_cache, [r[0] + 1 for r in read])
+            layout.commit(target_cache, accepted + 1 if layout.commits_on_device else [r[0] + 1 for r in read])
             survive = torch.cumprod(result.accept_probs.double(), -1).sum(-1)
             going, kept = [], []
             for i, row in enumerate(active):

@@ -45,7 +45,9 @@ class CpuFastest:
 # bfloat16, 4 extra leaves; tokens per second, the target alone 24-25): dblast-k4 branch 29.2, trie
 # of every node (28 rows) 27.4, of its 16 / 12 likeliest-reached nodes 30.5 / 30.2, of 10 / 8 / 6 / 4
 # 33.1 / 32.2 / 32.2 / 30.7 (a pass of up to 14 rows costs what a branch pass of 8 does here);
-# dflash-k1 branch 27.8, trie (its 7 drafts + 4 leaves) 29.7
+# dflash-k1 branch 27.8, trie (its 7 drafts + 4 leaves) 29.7. With the shipped drafters (round 14
+# dblast-k4), 2026-12-05, these settings but the block, two interleaved rounds: block 8 1.57x / 1.57x,
+# block 4 1.47x / 1.47x, block 6 1.45x / 1.42x (recipes/smollm2/logs/demo-sweep-2026-12-05.log)
 CPU_FASTEST: Dict[str, CpuFastest] = {
     "dflash-k1": CpuFastest(8, 8192, "tree"),
     "dblast-k4": CpuFastest(8, 8192, "tree", 10),

@@ -20,7 +20,7 @@ import torch
 from .target import TargetAdapter
 
 
-def _full_attention_layers(cache):
+def full_attention_layers(cache):
     """The cache's per-layer entries, refusing sliding-window layers (a ring buffer cannot be
     compacted by slot)."""
     layers = cache.layers
@@ -35,6 +35,8 @@ class RaggedRows:
     """The slot layout of N rows in one KV cache (see the module docstring). Host-side lists:
     the loop updates them from the accepted counts it reads once per cycle, so building a
     forward's mask and positions never reads the device."""
+
+    commits_on_device = False  # `commit` takes host counts (dblast_ext.slot_cache.SlotRows: a device tensor)
 
     def __init__(self, starts: Sequence[int], ends: Sequence[int]):
         self.starts, self.ends = list(starts), list(ends)
@@ -105,7 +107,7 @@ class RaggedRows:
             self.ends = [end + kept[0]] * self.rows
             return
         new_ends = [e + k for e, k in zip(self.ends, kept)]
-        layers = _full_attention_layers(cache)
+        layers = full_attention_layers(cache)
         block = layers[0].keys.shape[-2] - end
         device = layers[0].keys.device
         dest = torch.tensor(self.ends, device=device)[:, None] + torch.arange(block, device=device)  # [N, block]
@@ -122,7 +124,7 @@ class RaggedRows:
         self.starts = [self.starts[r] for r in rows]
         self.ends = [self.ends[r] for r in rows]
         shift = min(self.starts)
-        layers = _full_attention_layers(cache)
+        layers = full_attention_layers(cache)
         index = torch.tensor(list(rows), device=layers[0].keys.device)
         for layer in layers:
             layer.keys = layer.keys.index_select(0, index)[:, :, shift : self.end]
@@ -131,4 +133,4 @@ class RaggedRows:
         self.ends = [e - shift for e in self.ends]
 
 
-__all__ = ["RaggedRows"]
+__all__ = ["RaggedRows", "full_attention_layers"]

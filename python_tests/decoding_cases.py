@@ -7,6 +7,7 @@ import torch
 from dblast_ext import load_drafter, reference
 from dblast_ext.decoding import SpeculativeDecoder
 from dblast_ext.proposer import Proposal, RankedProposal
+from dblast_ext.ragged_cache import RaggedRows
 from tiny_models import tiny_target, write_dflash_checkpoint
 
 PROMPT = [3, 17, 42, 8, 25]
@@ -24,6 +25,16 @@ def make_decoder(tmp_path, family="qwen3", branches=1, block_size=4, vocab=100, 
         torch.nn.init.normal_(drafter.branch_expander.weight, std=0.3, generator=torch.Generator().manual_seed(1))
     return SpeculativeDecoder(target, drafter, use_kernels=use_kernels, category_temperature=category_temperature,
                               draft_vocab=draft_vocab, **decoder_kwargs)
+
+
+def ragged_prefill(adapter, prompts):
+    """The prompts left-padded in one cache of `adapter` (a TargetAdapter), as generate_batch
+    prefills them: (the RaggedRows layout, the cache)."""
+    layout = RaggedRows.left_padded([len(p) for p in prompts])
+    cache = adapter.new_cache()
+    ids, mask, positions = layout.prefill_inputs(prompts, "cpu")
+    adapter.forward(ids, cache, attention_mask=mask, position_ids=positions)
+    return layout, cache
 
 
 def hf_greedy(target, prompt, max_new_tokens, eos=None):

@@ -13,9 +13,8 @@ from torch.overrides import TorchFunctionMode
 pytest.importorskip("transformers")
 import dblast_ext  # noqa: E402
 from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
-from dblast_ext.ragged_cache import RaggedRows  # noqa: E402
 from decoding_cases import (MASK, SMALL_VOCAB, BatchOracleProposer, exact_prefix_joint, hf_greedy,  # noqa: E402
-                            make_decoder)
+                            make_decoder, ragged_prefill)
 from losslessness import chi_square_pvalue  # noqa: E402
 
 PROMPTS = [[3, 17, 42, 8, 25], [9, 4], [60, 61, 62, 63, 64, 65, 66, 67, 68], [11, 5, 7]]
@@ -23,15 +22,20 @@ FULL = pytest.mark.slow
 
 
 def oracle_batch_decoder(dec, branches, prompts):
+    """`dec`'s target driven by a BatchOracleProposer, with `dec`'s target cache."""
     oracle = BatchOracleProposer(dec, branches, prompts)
-    return SpeculativeDecoder(dec.target.model, proposer=oracle), oracle
+    return SpeculativeDecoder(dec.target.model, proposer=oracle, target_cache=dec.target_cache), oracle
 
 
-@pytest.mark.parametrize("family,branches", [("qwen3", 1), ("qwen3", 4), ("llama", 4)])
-def test_batched_greedy_equals_each_prompts_own_greedy_output(tmp_path, family, branches):
+@pytest.mark.parametrize("family,branches,target_cache", [
+    ("qwen3", 1, "dynamic"), ("qwen3", 4, "dynamic"), ("llama", 4, "dynamic"),
+    ("qwen3", 1, "static"), ("llama", 4, "static"),
+])
+def test_batched_greedy_equals_each_prompts_own_greedy_output(tmp_path, family, branches, target_cache):
     """Prompts of different lengths; drafts the target accepts (a batch oracle), so rows commit
-    different numbers of tokens per cycle; a stop token ends some rows early."""
-    dec = make_decoder(tmp_path, family, branches, block_size=4)
+    different numbers of tokens per cycle; a stop token ends some rows early. With either
+    target cache (compacted after each cycle, or fixed slots)."""
+    dec = make_decoder(tmp_path, family, branches, block_size=4, target_cache=target_cache)
     expected = [hf_greedy(dec.target.model, p, 30) for p in PROMPTS]
     stop = expected[1][6]  # ends row 1 (at least) early; the others run to the limit or their own stop
     batch_dec, oracle = oracle_batch_decoder(dec, branches, PROMPTS)
@@ -50,10 +54,11 @@ def test_batched_greedy_equals_each_prompts_own_greedy_output(tmp_path, family, 
     assert [o.token_ids for o in plain] == [e[:12] for e in expected]
 
 
-def test_a_rows_output_does_not_depend_on_the_rest_of_the_batch(tmp_path):
+@pytest.mark.parametrize("target_cache", ["dynamic", "static"])
+def test_a_rows_output_does_not_depend_on_the_rest_of_the_batch(tmp_path, target_cache):
     """At T > 0, row r with seed s gives what generate(prompt r, seed=s) gives, in any batch
-    order and beside any other rows."""
-    dec = make_decoder(tmp_path, "qwen3", branches=4, block_size=4)
+    order and beside any other rows; and the same with either target cache."""
+    dec = make_decoder(tmp_path, "qwen3", branches=4, block_size=4, target_cache=target_cache)
     sampling = SamplingParams(1.0, 20, 0.95)
     seeds = [11, 22, 33, 44]
     alone = [dec.generate(p, sampling, max_new_tokens=20, seed=s).token_ids for p, s in zip(PROMPTS, seeds)]
@@ -65,20 +70,24 @@ def test_a_rows_output_does_not_depend_on_the_rest_of_the_batch(tmp_path):
     assert [o.token_ids for o in shuffled] == [alone[i] for i in order]
     pair = dec.generate_batch([PROMPTS[0], PROMPTS[0]], sampling, max_new_tokens=20, seeds=[11, 12])
     assert pair[0].token_ids == alone[0] and pair[1].token_ids != alone[0]
+    dec.target_cache = "static" if target_cache == "dynamic" else "dynamic"
+    assert [o.token_ids for o in dec.generate_batch(PROMPTS, sampling, max_new_tokens=20, seeds=seeds)] == alone
 
 
-@pytest.mark.parametrize("branches,sampling,samples", [
-    (4, SamplingParams(1.0, 0, 1.0), 400),
-    (4, SamplingParams(1.0, 6, 0.9), 400),
-    pytest.param(4, SamplingParams(1.0, 0, 1.0), 2000, marks=FULL),
-    pytest.param(1, SamplingParams(0.7, 6, 0.9), 2000, marks=FULL),
+@pytest.mark.parametrize("branches,sampling,samples,target_cache", [
+    (4, SamplingParams(1.0, 0, 1.0), 400, "dynamic"),
+    (4, SamplingParams(1.0, 6, 0.9), 400, "dynamic"),
+    (4, SamplingParams(1.0, 6, 0.9), 400, "static"),
+    pytest.param(4, SamplingParams(1.0, 0, 1.0), 2000, "dynamic", marks=FULL),
+    pytest.param(1, SamplingParams(0.7, 6, 0.9), 2000, "dynamic", marks=FULL),
+    pytest.param(4, SamplingParams(1.0, 0, 1.0), 2000, "static", marks=FULL),
 ])
-def test_each_rows_tokens_follow_the_targets_distribution(tmp_path, branches, sampling, samples):
+def test_each_rows_tokens_follow_the_targets_distribution(tmp_path, branches, sampling, samples, target_cache):
     """Two prompts interleaved in batches of 100 rows, drafts the target often accepts (the batch
     oracle), so rows of one batch accept and finish at different points: the joint of each
     prompt's first four tokens and each position's marginal against the exact distribution."""
     dec = make_decoder(tmp_path, branches=branches, block_size=4, vocab=SMALL_VOCAB, mask=MASK, layers=2,
-                       target_layer_ids=(0, 1))
+                       target_layer_ids=(0, 1), target_cache=target_cache)
     with torch.no_grad():  # a peaked target (top token ~0.6): drafts get accepted, deep positions get reached
         dec.target.model.lm_head.weight.mul_(12.0)
     prompts = [[3, 7, 1, 8, 5], [2, 9]]
@@ -126,12 +135,12 @@ class HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("branches", [1, 4])
-def test_a_cycle_reads_the_device_once(tmp_path, branches):
+@pytest.mark.parametrize("branches,target_cache", [(1, "dynamic"), (4, "dynamic"), (4, "static")])
+def test_a_cycle_reads_the_device_once(tmp_path, branches, target_cache):
     """The loop's host reads: the prefill's first tokens, one per cycle (accepted counts and
     tokens together), the records once at the end. Branch choice, uniforms, the drafter's
-    cache and the target's mask and positions never read the device."""
-    dec = make_decoder(tmp_path, "qwen3", branches, block_size=4)
+    cache and the target's mask, positions and commit never read the device."""
+    dec = make_decoder(tmp_path, "qwen3", branches, block_size=4, target_cache=target_cache)
     with HostReads() as reads:
         outs = dec.generate_batch(PROMPTS, SamplingParams(1.0, 20, 0.9), max_new_tokens=24, seeds=[1, 2, 3, 4])
     cycles = max(len(o.cycles) for o in outs)
@@ -159,10 +168,7 @@ def test_ragged_rows_keep_each_rows_cache_entries(tmp_path):
     mask that let a row see another's padding, changes them)."""
     adapter = make_decoder(tmp_path, "qwen3", 1).target
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]
-    layout = RaggedRows.left_padded([len(p) for p in prompts])
-    cache = adapter.new_cache()
-    ids, mask, positions = layout.prefill_inputs(prompts, "cpu")
-    adapter.forward(ids, cache, attention_mask=mask, position_ids=positions)
+    layout, cache = ragged_prefill(adapter, prompts)
     blocks = [[[20, 21, 22], [23, 24, 25], [26, 27, 28]], [[30, 31, 32], [33, 34, 35], [36, 37, 38]]]
     keeps = [[1, 3, 2], [2, 1, 3]]
     for block, kept in zip(blocks, keeps):

@@ -18,7 +18,7 @@ def test_dry_run_writes_the_figures(tmp_path):
                     "--batch-new-tokens", "4", "--repeats", "1"],
                    check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     figures = json.loads((out / "gpu_cycle.json").read_text())
-    assert set(figures["cycles"]) == {"K=1", "K=4"}
+    assert set(figures["cycles"]) == {"K=1", "K=4", "K=4 static"}
     for row in figures["cycles"].values():
         assert row["cycles"] >= 1 and row["cycle_ms"] > 0 and 0 < row["draft_ms"] < row["cycle_ms"]
     assert figures["target_forward_ms"] > 0
@@ -26,6 +26,7 @@ def test_dry_run_writes_the_figures(tmp_path):
                                                    / figures["cycles"]["K=1"]["cycle_ms"] - 1)
     # every prompt of every batch gets its tokens, from both loops
     for size, row in figures["batches"].items():
-        assert row["speculative"]["tokens"] == row["target alone"]["tokens"] == 4 * int(size)
+        assert (row["speculative"]["tokens"] == row["speculative, static cache"]["tokens"]
+                == row["target alone"]["tokens"] == 4 * int(size))
     table = (out / "gpu_cycle.md").read_text()
     assert "| K = 4 overhead over K = 1 |" in table and "| 3 |" in table

@@ -1,7 +1,9 @@
 """Tokens per second of batched speculative sampling on the embedded pair against the target
 alone batched the same way (`SpeculativeDecoder.generate_batch` against
 `generate_autoregressive_batch`: the same left-padded cache, the same per-prompt seeds and
-filter), at several batch sizes, side by side in one process. Run it on idle cores.
+filter), at several batch sizes, with each of the loop's target caches (`--target-caches`:
+"dynamic", compacted after each cycle, and "static", fixed slots; dblast_ext.slot_cache), side
+by side in one process. Run it on idle cores.
 
     OMP_NUM_THREADS=2 python recipes/smollm2/batch_speed.py --out results/smollm2/batch
 
@@ -36,6 +38,7 @@ def parse_args():
     p.add_argument("--block-size", type=int, default=None, help="inference block (default: the drafter's)")
     p.add_argument("--draft-vocab", type=int, default=None, help="draft from the first N token ids")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--target-caches", default="dynamic", help="comma-separated: dynamic, static")
     p.add_argument("--out", required=True)
     return p.parse_args()
 
@@ -53,27 +56,35 @@ def main():
     if args.block_size:
         drafter.config.block_size = args.block_size
     decoder = SpeculativeDecoder(target, drafter, draft_vocab=args.draft_vocab)
+    caches = args.target_caches.split(",")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
     stops = stop_token_ids(target, tokenizer)
     prompts = [encode_messages(tokenizer, [{"role": "user", "content": p.turns[0]}])
                for p in load_dataset_list(args.datasets, limit=args.num_prompts)]
     seeds = list(range(len(prompts)))
-    decoder.warm_up(prompts[0], sampling, stop_token_ids=stops)
+    for cache in caches:
+        decoder.target_cache = cache
+        decoder.warm_up(prompts[0], sampling, stop_token_ids=stops, target_only=cache == caches[0])
+    runs = [(f"speculative-{cache}" if len(caches) > 1 else "speculative", cache) for cache in caches]
+    runs.append(("target", None))
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:
         figures = {"batch": batch}
-        for name, run in (("speculative", decoder.generate_batch), ("target", decoder.generate_autoregressive_batch)):
+        for name, cache in runs:
+            decoder.target_cache = cache or "dynamic"
+            run = decoder.generate_batch if cache else decoder.generate_autoregressive_batch
             tokens = seconds = passes = 0
             for first in range(0, len(prompts), batch):
                 outs, wall = timed(run, prompts[first:first + batch], sampling, args.max_new_tokens, stops,
                                    seeds=seeds[first:first + batch])
                 tokens += sum(len(o.token_ids) for o in outs)
                 seconds += wall
-                passes += max(len(o.cycles) for o in outs) if name == "speculative" else 0
+                passes += max(len(o.cycles) for o in outs) if cache else 0
             figures[name] = {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_second": tokens / seconds}
-            if name == "speculative":
+            if cache:
                 figures[name]["cycles"] = passes
-        figures["speedup"] = figures["speculative"]["tokens_per_second"] / figures["target"]["tokens_per_second"]
+        for name, cache in runs[:-1]:
+            figures[name]["speedup"] = figures[name]["tokens_per_second"] / figures["target"]["tokens_per_second"]
         print(json.dumps(figures), flush=True)
         rows.append(figures)
     machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
@@ -87,9 +98,11 @@ def main():
              f"Machine: {machine}. Settings: {json.dumps(settings)}; {len(prompts)} prompts, seeds 0..{len(prompts) - 1}, "
              "each batch size running the same prompts in consecutive batches. Produced by "
              "`recipes/smollm2/batch_speed.py`.", "",
-             "| batch | speculative tok/s | target alone tok/s | speed-up |", "| --- | --- | --- | --- |"]
-    lines += [f"| {r['batch']} | {r['speculative']['tokens_per_second']:.1f} | {r['target']['tokens_per_second']:.1f} "
-              f"| {r['speedup']:.2f}x |" for r in rows]
+             "| batch | " + " | ".join(f"{name} tok/s (speed-up)" for name, _ in runs[:-1]) + " | target alone tok/s |",
+             "| ---: |" + " ---: |" * len(runs)]
+    lines += [f"| {r['batch']} | " + " | ".join(f"{r[name]['tokens_per_second']:.1f} ({r[name]['speedup']:.2f}x)"
+                                                for name, _ in runs[:-1])
+              + f" | {r['target']['tokens_per_second']:.1f} |" for r in rows]
     with open(os.path.join(args.out, "README.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
