@@ -14,8 +14,9 @@ PROMPT = [3, 17, 42, 8, 25]
 
 
 def make_decoder(tmp_path, family="qwen3", branches=1, block_size=4, vocab=100, mask=97, use_kernels=True,
-                 category_temperature=1.0, layers=6, target_layer_ids=(1, 4), draft_vocab=None, **decoder_kwargs):
-    target = tiny_target(family, vocab_size=vocab, layers=layers)
+                 category_temperature=1.0, layers=6, target_layer_ids=(1, 4), draft_vocab=None, device="cpu",
+                 **decoder_kwargs):
+    target = tiny_target(family, vocab_size=vocab, layers=layers).to(device)
     target.generation_config.eos_token_id = None
     target.generation_config.pad_token_id = 0
     path = write_dflash_checkpoint(tmp_path / f"drafter-{block_size}-{mask}", block_size=block_size,
@@ -23,6 +24,7 @@ def make_decoder(tmp_path, family="qwen3", branches=1, block_size=4, vocab=100, 
     drafter = load_drafter(path, target=target, num_branches=branches if branches > 1 else None)
     if branches > 1:  # make the branches genuinely different
         torch.nn.init.normal_(drafter.branch_expander.weight, std=0.3, generator=torch.Generator().manual_seed(1))
+    drafter.to(device)
     return SpeculativeDecoder(target, drafter, use_kernels=use_kernels, category_temperature=category_temperature,
                               draft_vocab=draft_vocab, **decoder_kwargs)
 

@@ -31,11 +31,11 @@ def oracle_batch_decoder(dec, branches, prompts):
     ("qwen3", 1, "dynamic"), ("qwen3", 4, "dynamic"), ("llama", 4, "dynamic"),
     ("qwen3", 1, "static"), ("llama", 4, "static"),
 ])
-def test_batched_greedy_equals_each_prompts_own_greedy_output(tmp_path, family, branches, target_cache):
+def test_batched_greedy_equals_each_prompts_own_greedy_output(tmp_path, family, branches, target_cache, device):
     """Prompts of different lengths; drafts the target accepts (a batch oracle), so rows commit
     different numbers of tokens per cycle; a stop token ends some rows early. With either
     target cache (compacted after each cycle, or fixed slots)."""
-    dec = make_decoder(tmp_path, family, branches, block_size=4, target_cache=target_cache)
+    dec = make_decoder(tmp_path, family, branches, block_size=4, target_cache=target_cache, device=device)
     expected = [hf_greedy(dec.target.model, p, 30) for p in PROMPTS]
     stop = expected[1][6]  # ends row 1 (at least) early; the others run to the limit or their own stop
     batch_dec, oracle = oracle_batch_decoder(dec, branches, PROMPTS)
@@ -55,10 +55,10 @@ def test_batched_greedy_equals_each_prompts_own_greedy_output(tmp_path, family, 
 
 
 @pytest.mark.parametrize("target_cache", ["dynamic", "static"])
-def test_a_rows_output_does_not_depend_on_the_rest_of_the_batch(tmp_path, target_cache):
+def test_a_rows_output_does_not_depend_on_the_rest_of_the_batch(tmp_path, target_cache, device):
     """At T > 0, row r with seed s gives what generate(prompt r, seed=s) gives, in any batch
     order and beside any other rows; and the same with either target cache."""
-    dec = make_decoder(tmp_path, "qwen3", branches=4, block_size=4, target_cache=target_cache)
+    dec = make_decoder(tmp_path, "qwen3", branches=4, block_size=4, target_cache=target_cache, device=device)
     sampling = SamplingParams(1.0, 20, 0.95)
     seeds = [11, 22, 33, 44]
     alone = [dec.generate(p, sampling, max_new_tokens=20, seed=s).token_ids for p, s in zip(PROMPTS, seeds)]
@@ -136,11 +136,11 @@ class HostReads(TorchFunctionMode):
 
 
 @pytest.mark.parametrize("branches,target_cache", [(1, "dynamic"), (4, "dynamic"), (4, "static")])
-def test_a_cycle_reads_the_device_once(tmp_path, branches, target_cache):
+def test_a_cycle_reads_the_device_once(tmp_path, branches, target_cache, device):
     """The loop's host reads: the prefill's first tokens, one per cycle (accepted counts and
     tokens together), the records once at the end. Branch choice, uniforms, the drafter's
     cache and the target's mask, positions and commit never read the device."""
-    dec = make_decoder(tmp_path, "qwen3", branches, block_size=4, target_cache=target_cache)
+    dec = make_decoder(tmp_path, "qwen3", branches, block_size=4, target_cache=target_cache, device=device)
     with HostReads() as reads:
         outs = dec.generate_batch(PROMPTS, SamplingParams(1.0, 20, 0.9), max_new_tokens=24, seeds=[1, 2, 3, 4])
     cycles = max(len(o.cycles) for o in outs)

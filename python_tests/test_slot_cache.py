@@ -60,11 +60,11 @@ def record_verify_forwards(decoder):
 
 
 @pytest.mark.parametrize("branches", [1, 4])
-def test_every_verify_forward_has_the_same_shapes_and_buffers(tmp_path, branches):
+def test_every_verify_forward_has_the_same_shapes_and_buffers(tmp_path, branches, device):
     """One prompt: every cycle's forward has the same input, mask and position shapes and
     writes into the same buffers, however many tokens each cycle committed. A batch: the same
     between two rows' finishing (a finished row drops out, which changes the batch size)."""
-    dec = make_decoder(tmp_path, "qwen3", branches, block_size=4, target_cache="static")
+    dec = make_decoder(tmp_path, "qwen3", branches, block_size=4, target_cache="static", device=device)
     calls = record_verify_forwards(dec)
     out = dec.generate(PROMPTS[0], SamplingParams(1.0, 20, 0.9), max_new_tokens=40, seed=3)
     assert len(calls) == len(out.cycles) >= 10
@@ -81,10 +81,10 @@ def test_every_verify_forward_has_the_same_shapes_and_buffers(tmp_path, branches
 
 
 @pytest.mark.parametrize("max_new_tokens", [2, 3, 9])
-def test_the_last_block_fits_its_slots(tmp_path, max_new_tokens):
+def test_the_last_block_fits_its_slots(tmp_path, max_new_tokens, device):
     """The fixed capacity (longest prompt + max_new_tokens + block) holds the last cycle's
     block whatever the limit, and the outputs are the dynamic cache's."""
-    dec = make_decoder(tmp_path, "llama", 4, block_size=4)
+    dec = make_decoder(tmp_path, "llama", 4, block_size=4, device=device)
     sampling = SamplingParams(1.0, 20, 0.9)
     dynamic = [o.token_ids for o in dec.generate_batch(PROMPTS, sampling, max_new_tokens, seeds=[5, 6, 7, 8])]
     dec.target_cache = "static"
