@@ -286,12 +286,12 @@ def markdown(r) -> str:
             lines.append(f"| branch_verify N=1 eager / CUDA-graph replay (ms) | "
                          f"{g['eager_ms']:.3f} / {g['replay_ms']:.3f}{differ} |")
     lines += ["", "| batch | speculative (tok/s) | static cache (tok/s) | target alone (tok/s) | ratio | "
-                  "static ratio | cycles |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "static ratio | cycles, dynamic / static |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for size, row in r["batches"].items():
         lines.append(f"| {size} | {row['speculative']['tokens_per_s']:.1f} "
                      f"| {row['speculative, static cache']['tokens_per_s']:.1f} "
                      f"| {row['target alone']['tokens_per_s']:.1f} | {row['ratio']:.2f}x | {row['static_ratio']:.2f}x "
-                     f"| {row['speculative']['cycles']} |")
+                     f"| {row['speculative']['cycles']} / {row['speculative, static cache']['cycles']} |")
     if "syncs" in r:
         lines += ["", "Host syncs by source line (K = 4 speculative run):", ""]
         lines += [f"- `{where}`: {count}" for where, count in r["syncs"]["where"].items()]

@@ -99,13 +99,7 @@ class SpeculativeDecoder:
         if extra_leaves is not None and (int(extra_leaves) < 0 or (verify != "tree" and int(extra_leaves) != 0)):
             raise ValueError(f"extra_leaves must be None or >= 0, and > 0 only with verify='tree'; got "
                              f"{extra_leaves!r} with verify={verify!r}")
-        if target_cache not in TARGET_CACHES:
-            raise ValueError(f"target_cache must be one of {', '.join(TARGET_CACHES)}, got {target_cache!r}")
-        if target_cache == "static" and verify != "branch":
-            raise ValueError("target_cache='static' verifies one branch per cycle (verify='branch'); the trie's "
-                             f"rows differ in number every cycle; got verify={verify!r}")
         self.verify = verify
-        self.target_cache = target_cache
         self.max_tree_nodes = max_tree_nodes
         self.extra_leaves = 0 if verify != "tree" else TREE_EXTRA_LEAVES if extra_leaves is None else int(extra_leaves)
         self._use_kernels = use_kernels
@@ -124,6 +118,27 @@ class SpeculativeDecoder:
         if (self.extra_leaves or self.max_tree_nodes) and isinstance(proposer, DrafterProposer):
             # one of a branch's m may be its own draft; a node budget needs the drafts' probabilities
             proposer.top_tokens = self.extra_leaves + 1
+        self.target_cache = target_cache
+
+    @property
+    def target_cache(self) -> str:
+        """"dynamic" or "static" (see __init__); checked whenever it is set."""
+        return self._target_cache
+
+    @target_cache.setter
+    def target_cache(self, value: str) -> None:
+        if value not in TARGET_CACHES:
+            raise ValueError(f"target_cache must be one of {', '.join(TARGET_CACHES)}, got {value!r}")
+        if value == "static":
+            if self.verify != "branch":
+                raise ValueError("target_cache='static' verifies one branch per cycle (verify='branch'); the "
+                                 f"trie's rows differ in number every cycle; got verify={self.verify!r}")
+            # the static cache's 4D additive mask is what SDPA and eager attention take as given
+            attention = getattr(self.target.model.config, "_attn_implementation", None) or "eager"
+            if attention not in ("sdpa", "eager"):
+                raise ValueError(f"target_cache='static' needs the target's attention to be 'sdpa' or 'eager' (it "
+                                 f"passes a 4D additive mask); this target uses {attention!r}")
+        self._target_cache = value
 
     @property
     def use_kernels(self) -> bool:
@@ -196,7 +211,9 @@ class SpeculativeDecoder:
         context = layout.left_align(features)
         context_lens = torch.tensor(layout.lengths, device=device)
         proposer_cache = self.proposer.new_cache(len(rows), layout.end + max_new_tokens + 2 * block, device)
-        if self.target_cache == "static":  # fixed shapes from here on: room for every row's last block
+        # fixed shapes from here on; an active row holds at most prompt + max_new_tokens - 2 tokens before
+        # its block, so this capacity always has room for the last one
+        if self.target_cache == "static":
             from .slot_cache import SlotRows
 
             layout, target_cache = SlotRows.from_prefill(target_cache, layout, layout.end + max_new_tokens + block)

@@ -28,16 +28,17 @@ __all__ = ["SlotRows", "SlotLayer"]
 
 
 class SlotLayer(DynamicLayer):
-    """One layer's fixed buffers; `update` writes a block at the slots its SlotRows chose for
-    this forward and returns the whole buffers (the mask hides what a row must not see)."""
+    """One layer's fixed buffers; `update` writes a block at the slots its SlotRows (`layout`)
+    chose for this forward and returns the whole buffers (the mask hides what a row must not
+    see). Editing the buffers behind the layout's back (crop, beam reordering) is refused."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: "SlotRows"):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, layout: "SlotRows"):
         super().__init__()
-        self.keys, self.values, self.rows = keys, values, rows
+        self.keys, self.values, self.layout = keys, values, layout
         self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        slots = self.rows.write_slots
+        slots = self.layout.write_slots
         if slots is None or slots.shape != (key_states.shape[0], key_states.shape[2]):
             raise RuntimeError("a forward over a SlotRows cache needs SlotRows.block_inputs(block) first, for "
                                f"the block it appends ({key_states.shape[2]} tokens per row)")
@@ -47,20 +48,31 @@ class SlotLayer(DynamicLayer):
         return self.keys, self.values
 
     def get_seq_length(self, *args, **kwargs) -> int:
-        """The slots (transformers only asks when it builds its own positions, which the loop
-        always gives)."""
+        """The slots. transformers 4.x asks on every forward to build `cache_position`, which
+        it then passes to `update` only (ignored here: the layout says where rows write)."""
         return self.keys.shape[-2]
+
+    def get_mask_sizes(self, *args, **kwargs):
+        """(key length, offset) for a mask transformers would build; the loop always passes
+        its own 4D mask."""
+        return self.keys.shape[-2], 0
+
+    def _refuse(self, *args, **kwargs):
+        raise NotImplementedError("a SlotLayer's entries are kept by its SlotRows: use SlotRows.commit / select")
+
+    crop = batch_select_indices = reorder_cache = batch_repeat_interleave = _refuse
 
 
 class SlotRows:
-    """Per-row committed lengths over a SlotLayer cache (module docstring). The same methods as
-    RaggedRows, so the decode loop drives either; `commit` takes the kept counts as a device
-    tensor and never reads them."""
+    """Per-row committed lengths (`lengths`, a device tensor) over a SlotLayer cache (module
+    docstring). The decode loop's per-cycle methods of RaggedRows (`block_inputs`, `commit`,
+    `select`), so it drives either; `commit` takes the kept counts as a device tensor and never
+    reads them. The prefill stays RaggedRows' (`from_prefill`)."""
 
     commits_on_device = True
 
-    def __init__(self, lengths: torch.Tensor, capacity: int, dtype: torch.dtype):
-        self.lengths, self.capacity, self.dtype = lengths, capacity, dtype
+    def __init__(self, lengths: torch.Tensor, capacity: int, mask_dtype: torch.dtype):
+        self.lengths, self.capacity, self.mask_dtype = lengths, capacity, mask_dtype
         self.write_slots = None
 
     @classmethod
@@ -90,10 +102,6 @@ class SlotRows:
             slot_cache.layers.append(SlotLayer(*buffers, rows))
         return rows, slot_cache
 
-    @property
-    def rows(self) -> int:
-        return self.lengths.shape[0]
-
     def block_inputs(self, block: int, device):
         """The 4D additive mask [N, 1, block, capacity] and positions [N, block] for a forward
         appending `block` tokens to every row, and where each row writes them; all on the
@@ -105,8 +113,8 @@ class SlotRows:
         self.write_slots = positions
         slots = torch.arange(self.capacity, device=device)
         visible = slots[None, None, :] <= positions[:, :, None]           # [N, block, capacity]
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=device)
-        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        mask = torch.zeros(visible.shape, dtype=self.mask_dtype, device=device)
+        mask.masked_fill_(~visible, torch.finfo(self.mask_dtype).min)
         return mask[:, None], positions
 
     def commit(self, cache, kept: torch.Tensor) -> None:

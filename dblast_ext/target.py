@@ -55,8 +55,9 @@ class TargetAdapter:
                 attention_mask: torch.Tensor = None, position_ids: torch.Tensor = None):
         """`last_logits_only` for a prefill, which samples from its last position only: [T, V]
         logits over the whole prompt would be about a fifth of the pass (SmolLM2) for nothing.
-        `attention_mask` (2D, over the cache's slots and the new tokens) and `position_ids` for
-        batches of ragged rows (dblast_ext.ragged_cache); None: the model's defaults."""
+        `attention_mask` (2D over the cache's slots and the new tokens, dblast_ext.ragged_cache; or
+        4D additive, dblast_ext.slot_cache) and `position_ids` for batches of ragged rows; None:
+        the model's defaults."""
         extra = dict(self._last_logits_kwargs) if last_logits_only else {}
         if attention_mask is not None:
             extra.update(attention_mask=attention_mask, position_ids=position_ids)

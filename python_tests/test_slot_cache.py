@@ -81,15 +81,26 @@ def test_every_verify_forward_has_the_same_shapes_and_buffers(tmp_path, branches
 
 
 @pytest.mark.parametrize("max_new_tokens", [2, 3, 9])
-def test_the_last_block_fits_its_slots(tmp_path, max_new_tokens, device):
-    """The fixed capacity (longest prompt + max_new_tokens + block) holds the last cycle's
-    block whatever the limit, and the outputs are the dynamic cache's."""
+def test_the_last_block_fits_its_slots(tmp_path, max_new_tokens, device, monkeypatch):
+    """The fixed capacity (longest prompt + max_new_tokens + block) holds every cycle's block
+    whatever the limit (each write slot is checked against it, rather than left to the
+    scatter's bounds check), and the outputs are the dynamic cache's."""
     dec = make_decoder(tmp_path, "llama", 4, block_size=4, device=device)
     sampling = SamplingParams(1.0, 20, 0.9)
     dynamic = [o.token_ids for o in dec.generate_batch(PROMPTS, sampling, max_new_tokens, seeds=[5, 6, 7, 8])]
+    highest, block_inputs = [], SlotRows.block_inputs
+
+    def checked(rows, block, where):
+        mask, positions = block_inputs(rows, block, where)
+        highest.append((int(positions.max()), rows.capacity))
+        return mask, positions
+
+    monkeypatch.setattr(SlotRows, "block_inputs", checked)
     dec.target_cache = "static"
     static = [o.token_ids for o in dec.generate_batch(PROMPTS, sampling, max_new_tokens, seeds=[5, 6, 7, 8])]
     assert static == dynamic and all(len(t) == max_new_tokens for t in static)
+    assert highest and all(slot < capacity for slot, capacity in highest), highest
+    assert max(capacity - slot for slot, capacity in highest) <= max(map(len, PROMPTS)) + max_new_tokens
 
 
 def test_bad_target_cache_settings_are_refused(tmp_path):
@@ -97,6 +108,15 @@ def test_bad_target_cache_settings_are_refused(tmp_path):
         make_decoder(tmp_path, target_cache="fixed")
     with pytest.raises(ValueError, match="target_cache='static' verifies one branch.*verify='tree'"):
         make_decoder(tmp_path, branches=2, verify="tree", target_cache="static")
+    tree = make_decoder(tmp_path, branches=2, verify="tree")
+    with pytest.raises(ValueError, match="target_cache='static' verifies one branch"):
+        tree.target_cache = "static"  # set later: checked the same
+    dec = make_decoder(tmp_path)
+    with pytest.raises(ValueError, match="target_cache must be one of"):
+        dec.target_cache = "Static"
+    dec.target.model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="needs the target's attention to be 'sdpa' or 'eager'.*flash_attention_2"):
+        dec.target_cache = "static"
     rows = SlotRows(torch.tensor([3]), 8, torch.float32)
     with pytest.raises(ValueError, match="block must be >= 1"):
         rows.block_inputs(0, "cpu")
@@ -108,3 +128,5 @@ def test_bad_target_cache_settings_are_refused(tmp_path):
     with pytest.raises(RuntimeError, match="needs SlotRows.block_inputs"):
         adapter.forward(torch.tensor([[6, 7]]), slotted, attention_mask=torch.zeros(1, 1, 2, 12),
                         position_ids=torch.tensor([[5, 6]]))
+    with pytest.raises(NotImplementedError, match="use SlotRows.commit / select"):
+        slotted.crop(-1)  # a crop would leave the rows' lengths wrong

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 import torch
 
 from dblast_ext import load_drafter
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
+from dblast_ext.decoding import TARGET_CACHES, SamplingParams, SpeculativeDecoder
 from dblast_ext.embedded_drafters import resolve_drafter
 from dblast_ext.eval.datasets import load_dataset_list
 from dblast_ext.target_loading import encode_messages, load_target, stop_token_ids
@@ -51,6 +51,8 @@ def timed(fn, *args, **kwargs):
 
 def main():
     args = parse_args()
+    if set(args.target_caches.split(",")) - set(TARGET_CACHES):
+        raise SystemExit(f"--target-caches: comma-separated {', '.join(TARGET_CACHES)}; got {args.target_caches!r}")
     target, tokenizer = load_target("default", device="cpu", dtype=args.dtype, progress=False)
     drafter = load_drafter(resolve_drafter(args.drafter), target=target).to(dtype=target.dtype).eval()
     if args.block_size:
