@@ -5,7 +5,8 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from . import ops, reference
-from .generation import GenerationOutput, draw_uniforms, keep_until_stop, prompt_lists, prompt_tensor, row_generators
+from .generation import (GenerationOutput, check_target_cache, draw_uniforms, keep_until_stop, prompt_lists,
+                         prompt_tensor, row_generators)
 from .ragged_cache import RaggedRows
 from .sampling import SamplingParams, sample_from_logits
 from .target import TargetAdapter
@@ -40,14 +41,16 @@ def sample_autoregressive(target: TargetAdapter, input_ids, sampling: Optional[S
 @torch.inference_mode()
 def sample_autoregressive_batch(target: TargetAdapter, prompts, sampling: Optional[SamplingParams] = None,
                                 max_new_tokens: int = 256, stop_token_ids: Optional[Sequence[int]] = None,
-                                seeds: Optional[Sequence[int]] = None, use_kernels: bool = True
-                                ) -> List[GenerationOutput]:
+                                seeds: Optional[Sequence[int]] = None, use_kernels: bool = True,
+                                target_cache: str = "dynamic") -> List[GenerationOutput]:
     """The target alone over a batch of prompts (left-padded, finished rows dropping out), one
     token per row per pass, drawn by `sample_tokens` from each prompt's own generator: the
-    baseline of `SpeculativeDecoder.generate_batch`, batched the same way. One host read per
-    pass (the tokens)."""
+    baseline of `SpeculativeDecoder.generate_batch`, batched the same way, with the same kind of
+    target cache (`target_cache`, "dynamic" or "static": see SpeculativeDecoder). One host read
+    per pass (the tokens)."""
     sampling = sampling or SamplingParams()
     rows = prompt_lists(prompts, max_new_tokens)
+    check_target_cache(target_cache)
     stops = set(stop_token_ids or ())
     device = target.device
     generators = row_generators(seeds, len(rows), device)
@@ -56,6 +59,10 @@ def sample_autoregressive_batch(target: TargetAdapter, prompts, sampling: Option
     cache = target.new_cache()
     logits, _ = target.forward(ids, cache, hidden_states=False, last_logits_only=True, attention_mask=mask,
                                position_ids=positions)
+    if target_cache == "static":  # fixed shapes from here on, as in the speculative loop
+        from .slot_cache import SlotRows
+
+        layout, cache = SlotRows.from_prefill(cache, layout, layout.end + max_new_tokens)
     sample = ops.sample_tokens if use_kernels else reference.sample_tokens
     outputs = [[] for _ in rows]
     active = list(range(len(rows)))
@@ -75,7 +82,7 @@ def sample_autoregressive_batch(target: TargetAdapter, prompts, sampling: Option
         mask, positions = layout.block_inputs(1, device)
         logits, _ = target.forward(tokens[:, None], cache, hidden_states=False, attention_mask=mask,
                                    position_ids=positions)
-        layout.commit(cache, [1] * len(active))
+        layout.commit(cache, torch.ones_like(tokens) if layout.commits_on_device else [1] * len(active))
     return [GenerationOutput(out, bool(stops) and out[-1] in stops, []) for out in outputs]
 
 

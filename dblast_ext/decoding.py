@@ -29,8 +29,8 @@ from .autoregressive import sample_autoregressive, sample_autoregressive_batch
 from .drafter import DBlastDrafter
 from .drafter_io import check_against_target
 from .draft_vocabulary import DraftVocab
-from .generation import (CycleRecord, GenerationOutput, draw_uniforms, keep_until_stop, prompt_lists, prompt_tensor,
-                         row_generators)
+from .generation import (TARGET_CACHES, CycleRecord, GenerationOutput, check_target_cache, draw_uniforms,
+                         keep_until_stop, prompt_lists, prompt_tensor, row_generators)
 from .proposer import DrafterProposer, Proposal, Proposer, check_proposal, check_proposer
 from .ragged_cache import RaggedRows
 from .sampling import SamplingParams, sample_from_logits
@@ -52,7 +52,6 @@ def choose_branch(prior: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 
 VERIFY_MODES = ("branch", "tree")
-TARGET_CACHES = ("dynamic", "static")
 # extra leaves per trie by default, chosen on held-out training prompts (not an evaluation set) with
 # the embedded dblast-k4 at T 1.0 (recipes/smollm2/extra_leaves.py): tokens per pass over the branch
 # rule's +1.7% / +6.1% (math / chat) with none, +10.5% / +10.5% with 2, +21.4% / +13.8% with 4,
@@ -127,8 +126,7 @@ class SpeculativeDecoder:
 
     @target_cache.setter
     def target_cache(self, value: str) -> None:
-        if value not in TARGET_CACHES:
-            raise ValueError(f"target_cache must be one of {', '.join(TARGET_CACHES)}, got {value!r}")
+        check_target_cache(value)
         if value == "static":
             if self.verify != "branch":
                 raise ValueError("target_cache='static' verifies one branch per cycle (verify='branch'); the "
@@ -445,6 +443,7 @@ class SpeculativeDecoder:
     def generate_autoregressive_batch(self, prompts, sampling: Optional[SamplingParams] = None,
                                       max_new_tokens: int = 256, stop_token_ids: Optional[Sequence[int]] = None,
                                       seeds: Optional[Sequence[int]] = None) -> List[GenerationOutput]:
-        """The target alone over a batch, batched as `generate_batch` is: its speed-up baseline."""
+        """The target alone over a batch, batched as `generate_batch` is (the same target cache):
+        its speed-up baseline."""
         return sample_autoregressive_batch(self.target, prompts, sampling, max_new_tokens, stop_token_ids, seeds,
-                                           use_kernels=self.use_kernels)
+                                           use_kernels=self.use_kernels, target_cache=self.target_cache)

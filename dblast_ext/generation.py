@@ -77,6 +77,16 @@ def prompt_lists(prompts, max_new_tokens: int) -> List[List[int]]:
     return rows
 
 
+# the decode loops' target KV caches: compacted after each cycle (dblast_ext.ragged_cache), or fixed
+# slots giving every verify forward the same shapes (dblast_ext.slot_cache)
+TARGET_CACHES = ("dynamic", "static")
+
+
+def check_target_cache(value: str) -> None:
+    if value not in TARGET_CACHES:
+        raise ValueError(f"target_cache must be one of {', '.join(TARGET_CACHES)}, got {value!r}")
+
+
 def row_generators(seeds: Optional[Sequence[int]], rows: int, device) -> List[torch.Generator]:
     """One generator per prompt on `device` (seeds default to 0, 1, ..., N - 1)."""
     seeds = list(range(rows)) if seeds is None else [int(s) for s in seeds]
@@ -101,4 +111,4 @@ def keep_until_stop(tokens: Sequence[int], generated: List[int], stops, max_new_
 
 
 __all__ = ["CycleRecord", "GenerationOutput", "prompt_tensor", "prompt_lists", "row_generators", "draw_uniforms",
-           "keep_until_stop"]
+           "keep_until_stop", "TARGET_CACHES", "check_target_cache"]

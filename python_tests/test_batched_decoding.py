@@ -148,8 +148,11 @@ def test_a_cycle_reads_the_device_once(tmp_path, branches, target_cache, device)
     assert len(reads.where) == cycles + 2, reads.where
 
 
-def test_the_target_alone_batched_matches_its_own_greedy_output(tmp_path):
-    dec = make_decoder(tmp_path, "qwen3", 1, block_size=4)
+@pytest.mark.parametrize("target_cache", ["dynamic", "static"])
+def test_the_target_alone_batched_matches_its_own_greedy_output(tmp_path, target_cache, device):
+    """The baseline batched the same way (either target cache): greedy equals the target's
+    own, and a row's sampled tokens do not depend on the batch."""
+    dec = make_decoder(tmp_path, "qwen3", 1, block_size=4, target_cache=target_cache, device=device)
     expected = [hf_greedy(dec.target.model, p, 16) for p in PROMPTS]
     stop = expected[2][3]
     outs = dec.generate_autoregressive_batch(PROMPTS, SamplingParams(temperature=0.0), max_new_tokens=16,

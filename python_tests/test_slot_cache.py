@@ -7,7 +7,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from dblast_ext.decoding import SamplingParams  # noqa: E402
+from dblast_ext.decoding import SamplingParams, sample_autoregressive_batch  # noqa: E402
 from dblast_ext.slot_cache import SlotRows  # noqa: E402
 from decoding_cases import make_decoder, ragged_prefill  # noqa: E402
 
@@ -114,6 +114,8 @@ def test_bad_target_cache_settings_are_refused(tmp_path):
     dec = make_decoder(tmp_path)
     with pytest.raises(ValueError, match="target_cache must be one of"):
         dec.target_cache = "Static"
+    with pytest.raises(ValueError, match="target_cache must be one of"):
+        sample_autoregressive_batch(dec.target, [[1, 2]], target_cache="fixed")
     dec.target.model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="needs the target's attention to be 'sdpa' or 'eager'.*flash_attention_2"):
         dec.target_cache = "static"
