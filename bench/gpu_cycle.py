@@ -4,6 +4,9 @@
   - the cycle time at batch 1 for K = 1 and K = 4 (interleaved repeats, medians), so the
     overhead of K branches and the cycle / target-forward ratio; K = 4 also with the
     fixed-shape target cache (target_cache="static", dblast_ext.slot_cache);
+  - the K-dependent steps alone (propose, branch choice, verify) on fixed inputs, K = 1 and
+    K = 4: their difference over the K = 1 cycle is the overhead of K branches without the
+    target forward's run-to-run spread (which hid a 1.5% difference in whole cycles);
   - the host synchronisations per cycle (both caches) and per target-alone token
     (torch.cuda.set_sync_debug_mode), with the source lines that cause them;
   - tokens per second at batch 1, 8, 32: speculative (generate_batch) against the target alone
@@ -34,7 +37,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python_tests"))
 
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.decoding import SamplingParams, SpeculativeDecoder, choose_branch  # noqa: E402
+from dblast_ext.generation import draw_uniforms  # noqa: E402
 
 
 def parse_args():
@@ -47,6 +51,7 @@ def parse_args():
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--batch-new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5, help="interleaved batch-1 runs per K")
+    p.add_argument("--part-repeats", type=int, default=30, help="interleaved timings of each K-dependent step")
     return p.parse_args()
 
 
@@ -114,6 +119,58 @@ def cycle_times(decoders, prompt, sampling, new_tokens, repeats, device):
         result[name] = dict(cycle_ms=statistics.median(per_cycle), cycles=len(measured[-1][1]),
                             runs_ms=[round(m, 3) for m in per_cycle], draft_ms=statistics.median(draft),
                             verify_ms=statistics.median(verify))
+    return result
+
+
+@torch.inference_mode()
+def cycle_parts_ms(decoders, prompt, sampling, device, repeats):
+    """Per decoder, the medians (over `repeats`, interleaved across decoders) of the cycle's
+    steps whose work depends on K, on the same fixed inputs every time: propose (the drafter
+    pass over one block of new context, the K-branch expansion + LM-head argmax, the prior),
+    branch choice with the draft's gather, and branch_verify. The drafter's cache is cropped
+    back to the prompt before each propose, so every repeat does the same work."""
+    adapter = next(iter(decoders.values())).target
+    ids = torch.tensor([prompt], device=device)
+    target_cache = adapter.new_cache()
+    _, features = adapter.forward(ids, target_cache, last_logits_only=True)
+    anchors = ids[:, -1]
+    setups = {}
+    for name, dec in decoders.items():
+        block = dec.proposer.block_size
+        cache = dec.proposer.new_cache(1, len(prompt) + 2 * block, device)
+        dec.proposer.propose(anchors, features, cache)        # the prompt's context, once
+        context, lens = features[:, -block:], torch.tensor([block], device=device)
+        uniforms = draw_uniforms([torch.Generator(device=device).manual_seed(0)], block + 1, device)
+        proposal = dec.proposer.propose(anchors, context, cache, lens)
+        branch = choose_branch(proposal.prior, uniforms[:, 0])
+        draft = proposal.branch_tokens.gather(1, branch[:, None, None].expand(-1, 1, block - 1))[:, 0]
+        logits, _ = adapter.forward(torch.cat([anchors[:, None], draft], dim=1), target_cache, hidden_states=False)
+        adapter.crop(target_cache, len(prompt))
+        setups[name] = (dec, cache, context, lens, uniforms, proposal, branch, logits)
+
+    def propose(dec, cache, context, lens, *_):
+        cache.crop(len(prompt))
+        return dec.proposer.propose(anchors, context, cache, lens)
+
+    def choose(dec, cache, context, lens, uniforms, proposal, *_):
+        branch = choose_branch(proposal.prior, uniforms[:, 0])
+        return proposal.branch_tokens.gather(1, branch[:, None, None].expand(-1, 1, proposal.branch_tokens.shape[-1]))
+
+    def verify(dec, cache, context, lens, uniforms, proposal, branch, logits):
+        return dec._verify(logits, proposal, branch, uniforms[:, 1:], sampling, validate=False)
+
+    steps = {"propose": propose, "choose": choose, "verify": verify}
+    times = {name: {step: [] for step in steps} for name in decoders}
+    for rep in range(repeats + 2):
+        for name, setup in setups.items():
+            for step, fn in steps.items():
+                _, seconds = wall(lambda: fn(*setup), device)
+                if rep >= 2:  # two rounds of warm-up
+                    times[name][step].append(1e3 * seconds)
+    result = {}
+    for name, per_step in times.items():
+        result[name] = {f"{step}_ms": statistics.median(values) for step, values in per_step.items()}
+        result[name]["total_ms"] = sum(result[name].values())
     return result
 
 
@@ -223,6 +280,13 @@ def main():
     k1, k4 = (result["cycles"][k]["cycle_ms"] for k in ("K=1", "K=4"))
     result["k4_overhead"] = k4 / k1 - 1
     result["cycle_over_target_forward"] = k1 / result["target_forward_ms"]
+    parts = cycle_parts_ms({k: decoders[k] for k in ("K=1", "K=4")}, prompt, sampling, device, args.part_repeats)
+    result["cycle_parts"] = parts
+    result["k4_parts_overhead"] = (parts["K=4"]["total_ms"] - parts["K=1"]["total_ms"]) / k1
+    for name, row in parts.items():
+        print(f"K-dependent steps {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
+    print(f"K = 4 over K = 1 from those steps: {100 * result['k4_parts_overhead']:+.2f}% of the K = 1 cycle",
+          flush=True)
 
     if device == "cuda":
         static, static_where = count_syncs(lambda: decoders["K=4 static"].generate_batch(
@@ -274,7 +338,11 @@ def markdown(r) -> str:
     for name, row in r["cycles"].items():
         lines.append(f"| cycle at batch 1, {name} (ms, median of {len(row['runs_ms'])} runs) | {row['cycle_ms']:.2f} |")
         lines.append(f"| of which draft / verify, {name} (ms) | {row['draft_ms']:.2f} / {row['verify_ms']:.2f} |")
+    for name, row in r["cycle_parts"].items():
+        lines.append(f"| K-dependent steps, {name}: propose / choose / verify (ms) | {row['propose_ms']:.3f} / "
+                     f"{row['choose_ms']:.3f} / {row['verify_ms']:.3f} |")
     lines += [f"| K = 4 overhead over K = 1 | {100 * r['k4_overhead']:+.1f}% |",
+              f"| K = 4 overhead over K = 1, from the K-dependent steps | {100 * r['k4_parts_overhead']:+.2f}% |",
               f"| K = 1 cycle / target forward | {r['cycle_over_target_forward']:.2f}x |"]
     if "syncs" in r:
         s = r["syncs"]

@@ -15,7 +15,7 @@ def test_dry_run_writes_the_figures(tmp_path):
     out = tmp_path / "figures"
     subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_cycle.py"), "--tiny", "--device", "cpu",
                     "--out", str(out), "--prompt-len", "24", "--new-tokens", "6", "--batches", "1,3",
-                    "--batch-new-tokens", "4", "--repeats", "1"],
+                    "--batch-new-tokens", "4", "--repeats", "1", "--part-repeats", "2"],
                    check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     figures = json.loads((out / "gpu_cycle.json").read_text())
     assert set(figures["cycles"]) == {"K=1", "K=4", "K=4 static"}
@@ -24,6 +24,10 @@ def test_dry_run_writes_the_figures(tmp_path):
     assert figures["target_forward_ms"] > 0
     assert figures["k4_overhead"] == pytest.approx(figures["cycles"]["K=4"]["cycle_ms"]
                                                    / figures["cycles"]["K=1"]["cycle_ms"] - 1)
+    parts = figures["cycle_parts"]
+    assert set(parts) == {"K=1", "K=4"} and all(v > 0 for row in parts.values() for v in row.values())
+    assert figures["k4_parts_overhead"] == pytest.approx(
+        (parts["K=4"]["total_ms"] - parts["K=1"]["total_ms"]) / figures["cycles"]["K=1"]["cycle_ms"])
     # every prompt of every batch gets its tokens, from both loops
     for size, row in figures["batches"].items():
         runs = ("speculative", "speculative, static cache", "target alone", "target alone, static cache")
