@@ -230,15 +230,11 @@ class SpeculativeDecoder:
                 generators)
         while active:
             t0 = time.perf_counter()
-            proposal = self.proposer.propose(anchors, context, proposer_cache, context_lens)   # 1. propose
             uniforms = draw_uniforms(generators, block + 1, device)
-            branch = choose_branch(proposal.prior, uniforms[:, 0])                               # 2. choose
-            draft = proposal.branch_tokens.gather(1, branch[:, None, None].expand(-1, 1, block - 1))[:, 0]
+            proposal, branch, draft = self._draft(anchors, context, context_lens, proposer_cache, uniforms)  # 1-2.
             t1 = time.perf_counter()
-            mask, positions = layout.block_inputs(block, device)                                  # 3. score
-            logits, features = self.target.forward(torch.cat([anchors[:, None], draft], dim=1), target_cache,
-                                                   attention_mask=mask, position_ids=positions)
-            result = self._verify(logits, proposal, branch, uniforms[:, 1:], sampling, validate=not history)  # 4.
+            result, features = self._score_and_verify(anchors, draft, proposal, branch, uniforms, layout,   # 3-4.
+                                                      target_cache, sampling, validate=not history)
             accepted = result.num_accepted.long()
             # 5. the cycle's one host read: how many drafts each row accepted, and the tokens
             read = torch.cat([accepted[:, None], result.output_tokens], dim=1).tolist()
@@ -266,6 +262,28 @@ class SpeculativeDecoder:
         cycles = self._cycle_records(history, len(rows))
         return [GenerationOutput(out, bool(stops) and out[-1] in stops, cycles[row])
                 for row, out in enumerate(outputs)]
+
+    # The cycle's device-side steps, between the uniforms' draw and the host read. With the static
+    # target cache and validate=False they trace as one graph (torch.compile fullgraph: no graph
+    # break, no host sync; tested), which is what capturing the cycle in a CUDA graph needs.
+    def _draft(self, anchors, context, context_lens, proposer_cache, uniforms):
+        """1. propose a block after each row's anchor, 2. choose a branch z ~ prior with
+        uniforms[:, 0]: (proposal, branch [N], draft [N, b - 1])."""
+        proposal = self.proposer.propose(anchors, context, proposer_cache, context_lens)
+        branch = choose_branch(proposal.prior, uniforms[:, 0])
+        drafts = proposal.branch_tokens.shape[-1]
+        draft = proposal.branch_tokens.gather(1, branch[:, None, None].expand(-1, 1, drafts))[:, 0]
+        return proposal, branch, draft
+
+    def _score_and_verify(self, anchors, draft, proposal, branch, uniforms, layout, target_cache, sampling,
+                          validate: bool):
+        """3. one target forward on [anchor, draft] per row, appended to the target cache as
+        `layout` says, 4. branch_verify with uniforms[:, 1:]: (verification result, the block's
+        features)."""
+        mask, positions = layout.block_inputs(draft.shape[1] + 1, anchors.device)
+        logits, features = self.target.forward(torch.cat([anchors[:, None], draft], dim=1), target_cache,
+                                               attention_mask=mask, position_ids=positions)
+        return self._verify(logits, proposal, branch, uniforms[:, 1:], sampling, validate=validate), features
 
     def _drop_finished(self, active, going, layout, target_cache, proposer_cache, anchors, context, context_lens,
                        generators):
@@ -412,14 +430,14 @@ class SpeculativeDecoder:
             record, _, _ = self._tree_cycle(int(ids[0, -1]), context, target_cache, proposer_cache, sampling,
                                             torch.Generator().manual_seed(seed), validate=True)
             return record
-        block = self.proposer.block_size
         anchors = ids[:, -1]
-        proposal = self.proposer.propose(anchors, context, proposer_cache, torch.tensor([context.shape[1]], device=ids.device))
-        uniforms = draw_uniforms([torch.Generator(device=ids.device).manual_seed(seed)], block + 1, ids.device)
-        branch = choose_branch(proposal.prior, uniforms[:, 0])
-        draft = proposal.branch_tokens.gather(1, branch[:, None, None].expand(-1, 1, block - 1))[:, 0]
-        logits, _ = self.target.forward(torch.cat([anchors[:, None], draft], dim=1), target_cache)
-        result = self._verify(logits, proposal, branch, uniforms[:, 1:], sampling, validate=True)
+        uniforms = draw_uniforms([torch.Generator(device=ids.device).manual_seed(seed)], self.proposer.block_size + 1,
+                                 ids.device)
+        proposal, branch, draft = self._draft(anchors, context, torch.tensor([context.shape[1]], device=ids.device),
+                                              proposer_cache, uniforms)
+        result, _ = self._score_and_verify(anchors, draft, proposal, branch, uniforms,
+                                           RaggedRows.left_padded([context.shape[1]]), target_cache, sampling,
+                                           validate=True)
         survive = float(torch.cumprod(result.accept_probs[0].double(), 0).sum())
         return CycleRecord(int(result.num_accepted[0]), survive, int(branch[0]), proposal.prior[0].tolist(), 0.0, 0.0,
                            [int(branch[0])])

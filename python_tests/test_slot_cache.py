@@ -80,6 +80,59 @@ def test_every_verify_forward_has_the_same_shapes_and_buffers(tmp_path, branches
     assert all(len(shapes) == 1 for shapes in by_rows.values()), by_rows
 
 
+def prepared_cycle(dec, prompts):
+    """The state after generate_batch's prefill with the static cache, for one cycle: anchors,
+    the drafter's context and its lengths, the drafter cache, the SlotRows and its cache."""
+    adapter, block = dec.target, dec.proposer.block_size
+    layout, cache = ragged_prefill(adapter, prompts)
+    ids, mask, positions = layout.prefill_inputs(prompts, adapter.device)
+    _, features = adapter.forward(ids, adapter.new_cache(), attention_mask=mask, position_ids=positions)
+    context, lens = layout.left_align(features), torch.tensor(layout.lengths, device=adapter.device)
+    rows, slotted = SlotRows.from_prefill(cache, layout, layout.end + 16 + block)
+    proposer_cache = dec.proposer.new_cache(len(prompts), layout.end + 16 + 2 * block, adapter.device)
+    anchors = torch.tensor([30, 31, 32], device=adapter.device)[: len(prompts)]
+    return anchors, context, lens, proposer_cache, rows, slotted
+
+
+@pytest.mark.parametrize("branches", [1, 4])
+def test_the_cycle_traces_as_one_graph(tmp_path, branches, device):
+    """The cycle's device-side steps (propose, branch choice, the static-cache target forward,
+    branch_verify without validation) trace with torch.compile(fullgraph=True) into one graph
+    with no host read in it (no item / tolist: dynamo would otherwise trace a read as a scalar
+    op), which capturing the cycle in a CUDA graph needs. Run from that graph, they give the
+    eager cycle's accepted counts, tokens and features and leave the caches in the same state."""
+    dec = make_decoder(tmp_path, "qwen3", branches, block_size=4, target_cache="static", device=device)
+    sampling = SamplingParams(1.0, 20, 0.9)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]
+    uniforms = torch.rand(3, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(device)
+
+    def cycle(anchors, context, lens, proposer_cache, rows, slotted):
+        proposal, branch, draft = dec._draft(anchors, context, lens, proposer_cache, uniforms)
+        result, features = dec._score_and_verify(anchors, draft, proposal, branch, uniforms, rows, slotted, sampling,
+                                                 validate=False)
+        return result.num_accepted, result.output_tokens, features
+
+    graphs = []
+
+    def keep_graph(graph_module, example_inputs):  # a dynamo backend: run the traced graph as it is
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(cycle, fullgraph=True, backend=keep_graph, dynamic=False)
+    with torch.inference_mode():
+        eager_state, compiled_state = prepared_cycle(dec, prompts), prepared_cycle(dec, prompts)
+        eager, traced = cycle(*eager_state), compiled(*compiled_state)
+    reads = [str(node.target) for node in graphs[0].graph.nodes
+             if str(node.target) in ("item", "tolist", "numpy", "cpu") or "local_scalar_dense" in str(node.target)]
+    assert len(graphs) == 1 and not reads, reads
+    for a, b in zip(eager, traced):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(eager_state[3].lengths, compiled_state[3].lengths, rtol=0, atol=0)
+    for a, b in zip(eager_state[5].layers, compiled_state[5].layers):
+        torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("max_new_tokens", [2, 3, 9])
 def test_the_last_block_fits_its_slots(tmp_path, max_new_tokens, device, monkeypatch):
     """The fixed capacity (longest prompt + max_new_tokens + block) holds every cycle's block
