@@ -30,13 +30,14 @@ def make_decoder(tmp_path, family="qwen3", branches=1, block_size=4, vocab=100, 
 
 
 def ragged_prefill(adapter, prompts):
-    """The prompts left-padded in one cache of `adapter` (a TargetAdapter), as generate_batch
-    prefills them: (the RaggedRows layout, the cache)."""
+    """The prompts left-padded in one cache of `adapter` (a TargetAdapter), on its device, as
+    generate_batch prefills them: (the RaggedRows layout, the cache, the features over the
+    padded slots)."""
     layout = RaggedRows.left_padded([len(p) for p in prompts])
     cache = adapter.new_cache()
-    ids, mask, positions = layout.prefill_inputs(prompts, "cpu")
-    adapter.forward(ids, cache, attention_mask=mask, position_ids=positions)
-    return layout, cache
+    ids, mask, positions = layout.prefill_inputs(prompts, adapter.device)
+    _, features = adapter.forward(ids, cache, attention_mask=mask, position_ids=positions)
+    return layout, cache, features
 
 
 def hf_greedy(target, prompt, max_new_tokens, eos=None):

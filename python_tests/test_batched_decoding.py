@@ -171,7 +171,7 @@ def test_ragged_rows_keep_each_rows_cache_entries(tmp_path):
     mask that let a row see another's padding, changes them)."""
     adapter = make_decoder(tmp_path, "qwen3", 1).target
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]
-    layout, cache = ragged_prefill(adapter, prompts)
+    layout, cache, _ = ragged_prefill(adapter, prompts)
     blocks = [[[20, 21, 22], [23, 24, 25], [26, 27, 28]], [[30, 31, 32], [33, 34, 35], [36, 37, 38]]]
     keeps = [[1, 3, 2], [2, 1, 3]]
     for block, kept in zip(blocks, keeps):

@@ -21,7 +21,7 @@ def test_slot_rows_keep_each_rows_cache_entries(tmp_path):
     stale slots changes them."""
     adapter = make_decoder(tmp_path, "qwen3", 1).target
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]
-    ragged, cache = ragged_prefill(adapter, prompts)
+    ragged, cache, _ = ragged_prefill(adapter, prompts)
     rows, cache = SlotRows.from_prefill(cache, ragged, capacity=16)
     blocks = [[[20, 21, 22], [23, 24, 25], [26, 27, 28]], [[30, 31, 32], [33, 34, 35], [36, 37, 38]]]
     keeps = [[1, 3, 2], [2, 1, 3]]
@@ -84,9 +84,7 @@ def prepared_cycle(dec, prompts):
     """The state after generate_batch's prefill with the static cache, for one cycle: anchors,
     the drafter's context and its lengths, the drafter cache, the SlotRows and its cache."""
     adapter, block = dec.target, dec.proposer.block_size
-    layout, cache = ragged_prefill(adapter, prompts)
-    ids, mask, positions = layout.prefill_inputs(prompts, adapter.device)
-    _, features = adapter.forward(ids, adapter.new_cache(), attention_mask=mask, position_ids=positions)
+    layout, cache, features = ragged_prefill(adapter, prompts)
     context, lens = layout.left_align(features), torch.tensor(layout.lengths, device=adapter.device)
     rows, slotted = SlotRows.from_prefill(cache, layout, layout.end + 16 + block)
     proposer_cache = dec.proposer.new_cache(len(prompts), layout.end + 16 + 2 * block, adapter.device)
@@ -176,7 +174,7 @@ def test_bad_target_cache_settings_are_refused(tmp_path):
     with pytest.raises(ValueError, match="block must be >= 1"):
         rows.block_inputs(0, "cpu")
     adapter = make_decoder(tmp_path).target
-    ragged, cache = ragged_prefill(adapter, [[1, 2, 3, 4, 5]])
+    ragged, cache, _ = ragged_prefill(adapter, [[1, 2, 3, 4, 5]])
     with pytest.raises(ValueError, match="capacity must hold the longest prompt: 4 < 5"):
         SlotRows.from_prefill(cache, ragged, capacity=4)
     rows, slotted = SlotRows.from_prefill(cache, ragged, capacity=12)
