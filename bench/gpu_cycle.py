@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python_tests"))
 
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder, choose_branch  # noqa: E402
+from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
 from dblast_ext.generation import draw_uniforms  # noqa: E402
 
 
@@ -141,9 +141,7 @@ def cycle_parts_ms(decoders, prompt, sampling, device, repeats):
         dec.proposer.propose(anchors, features, cache)        # the prompt's context, once
         context, lens = features[:, -block:], torch.tensor([block], device=device)
         uniforms = draw_uniforms([torch.Generator(device=device).manual_seed(0)], block + 1, device)
-        proposal = dec.proposer.propose(anchors, context, cache, lens)
-        branch = choose_branch(proposal.prior, uniforms[:, 0])
-        draft = proposal.branch_tokens.gather(1, branch[:, None, None].expand(-1, 1, block - 1))[:, 0]
+        proposal, branch, draft = dec._draft(anchors, context, lens, cache, uniforms)
         logits, _ = adapter.forward(torch.cat([anchors[:, None], draft], dim=1), target_cache, hidden_states=False)
         adapter.crop(target_cache, len(prompt))
         setups[name] = (dec, cache, context, lens, uniforms, proposal, branch, logits)
@@ -153,8 +151,7 @@ def cycle_parts_ms(decoders, prompt, sampling, device, repeats):
         return dec.proposer.propose(anchors, context, cache, lens)
 
     def choose(dec, cache, context, lens, uniforms, proposal, *_):
-        branch = choose_branch(proposal.prior, uniforms[:, 0])
-        return proposal.branch_tokens.gather(1, branch[:, None, None].expand(-1, 1, proposal.branch_tokens.shape[-1]))
+        return dec._choose(proposal, uniforms)
 
     def verify(dec, cache, context, lens, uniforms, proposal, branch, logits):
         return dec._verify(logits, proposal, branch, uniforms[:, 1:], sampling, validate=False)

@@ -267,13 +267,17 @@ class SpeculativeDecoder:
     # target cache and validate=False they trace as one graph (torch.compile fullgraph: no graph
     # break, no host sync; tested), which is what capturing the cycle in a CUDA graph needs.
     def _draft(self, anchors, context, context_lens, proposer_cache, uniforms):
-        """1. propose a block after each row's anchor, 2. choose a branch z ~ prior with
-        uniforms[:, 0]: (proposal, branch [N], draft [N, b - 1])."""
+        """1. propose a block after each row's anchor, 2. choose a branch (`_choose`):
+        (proposal, branch [N], draft [N, b - 1])."""
         proposal = self.proposer.propose(anchors, context, proposer_cache, context_lens)
+        return (proposal, *self._choose(proposal, uniforms))
+
+    @staticmethod
+    def _choose(proposal: Proposal, uniforms: torch.Tensor):
+        """2. a branch z ~ prior with uniforms[:, 0], and its drafts: (branch [N], draft [N, b - 1])."""
         branch = choose_branch(proposal.prior, uniforms[:, 0])
         drafts = proposal.branch_tokens.shape[-1]
-        draft = proposal.branch_tokens.gather(1, branch[:, None, None].expand(-1, 1, drafts))[:, 0]
-        return proposal, branch, draft
+        return branch, proposal.branch_tokens.gather(1, branch[:, None, None].expand(-1, 1, drafts))[:, 0]
 
     def _score_and_verify(self, anchors, draft, proposal, branch, uniforms, layout, target_cache, sampling,
                           validate: bool):
