@@ -18,6 +18,8 @@ With verify="tree" (one prompt at a time), steps 2-4 become: merge the K branche
 [anchor, trie nodes] under a tree mask, one `sample_tokens` draw per node, the walk; step 5
 keeps the committed path's cache entries.
 """
+import math
+import os
 import time
 from dataclasses import replace
 from typing import Callable, List, Optional, Sequence
@@ -25,14 +27,16 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from . import ops, reference
+from .adaptive import CONTROLLERS, AdaptiveDepth, CostTable, DepthController, FixedDepth
 from .autoregressive import sample_autoregressive, sample_autoregressive_batch
 from .drafter import DBlastDrafter
 from .drafter_io import check_against_target
 from .draft_vocabulary import DraftVocab
-from .generation import (TARGET_CACHES, CycleRecord, GenerationOutput, check_target_cache, draw_uniforms,
+from .generation import (TARGET_CACHES, CycleRecord, GenerationOutput, append_context, check_target_cache, draw_uniforms,
                          keep_until_stop, prompt_lists, prompt_tensor, row_generators)
 from .proposer import DrafterProposer, Proposal, Proposer, check_proposal, check_proposer
 from .ragged_cache import RaggedRows
+from .results import VerifyResult
 from .sampling import SamplingParams, sample_from_logits
 from .target import TargetAdapter
 from .trie import add_alternative_leaves, build_trie, drafted_token_probs
@@ -63,7 +67,8 @@ class SpeculativeDecoder:
     def __init__(self, target, drafter: Optional[DBlastDrafter] = None, *, category_temperature: float = 1.0,
                  use_kernels: bool = True, draft_vocab: DraftVocab = None, proposer: Optional[Proposer] = None,
                  verify: str = "branch", max_tree_nodes: Optional[int] = None,
-                 extra_leaves: Optional[int] = None, target_cache: str = "dynamic"):
+                 extra_leaves: Optional[int] = None, target_cache: str = "dynamic", controller="adaptive",
+                 cost_table=None):
         """`target`: a Hugging Face causal LM. Either `drafter` (a DBlastDrafter, drafting over
         `draft_vocab`, see dblast_ext.draft_vocabulary, at category temperature Z_T) or
         `proposer` (anything implementing dblast_ext.proposer.Proposer; its own settings then
@@ -82,6 +87,14 @@ class SpeculativeDecoder:
         "static" gives every verify forward the same shapes (one buffer of fixed slots, each row
         writing at its own length, a commit one addition on the device: dblast_ext.slot_cache),
         what graph capture needs. Same outputs; "static" with verify="branch" only.
+        `controller`: how many drafts each cycle verifies (dblast_ext.adaptive). "adaptive" picks
+        the depth (0 to the whole block; 0 is a plain target step) that maximises the expected
+        committed tokens per second from each row's measured acceptance and `cost_table`; "off"
+        verifies the whole block every cycle; or any `adaptive.DepthController`. `cost_table`: a
+        `CostTable` or the path of one (`dblast calibrate --cost`); None: measured for this pair,
+        dtype and these settings at first use (a few seconds per batch size) and cached on disk.
+        Neither changes the output distribution; with the same cost table and seeds, the output
+        is the same token for token.
         Speed without changing the output: the models' dtype, the drafter's inference block
         (`drafter.config.block_size`), `draft_vocab`, `verify` and `max_tree_nodes` change only
         how fast this runs. On a CPU the fastest measured for the embedded drafters (float32
@@ -118,6 +131,37 @@ class SpeculativeDecoder:
             # one of a branch's m may be its own draft; a node budget needs the drafts' probabilities
             proposer.top_tokens = self.extra_leaves + 1
         self.target_cache = target_cache
+        self.controller = controller
+        self.cost_table = cost_table
+
+    @property
+    def controller(self):
+        """"adaptive", "off" or a DepthController (see __init__); checked whenever it is set."""
+        return self._controller
+
+    @controller.setter
+    def controller(self, value) -> None:
+        if isinstance(value, str) and value not in CONTROLLERS:
+            raise ValueError(f"controller must be one of {', '.join(CONTROLLERS)} or a DepthController, got {value!r}")
+        if not isinstance(value, str) and not all(hasattr(value, m) for m in ("start", "depth", "observe", "select")):
+            raise TypeError(f"controller {type(value).__name__} lacks start, depth, observe or select "
+                            "(dblast_ext.adaptive.DepthController)")
+        self._controller = value
+
+    @property
+    def cost_table(self) -> Optional[CostTable]:
+        """The adaptive controller's cost table as given (None: measured and cached per key)."""
+        return self._cost_table
+
+    @cost_table.setter
+    def cost_table(self, value) -> None:
+        if isinstance(value, str):
+            if not os.path.isfile(value):
+                raise FileNotFoundError(f"cost_table {value}: no such file (`dblast calibrate --cost` writes one)")
+            value = CostTable.load(value)
+        if value is not None and not isinstance(value, CostTable):
+            raise TypeError(f"cost_table must be a CostTable, the path of one, or None; got {type(value).__name__}")
+        self._cost_table = value
 
     @property
     def target_cache(self) -> str:
@@ -186,14 +230,24 @@ class SpeculativeDecoder:
         """Speculative sampling of many prompts at once (greedy-branch verification), one output
         per prompt. Rows accept different numbers of drafts each cycle and finish at different
         times (they then drop out); row r draws from its own generator seeded by seeds[r]
-        (default r), so its output is the one `generate(prompts[r], seed=seeds[r])` gives, up to
-        floating-point rounding in batched matrix products. `on_tokens(row, new_ids)` streams.
-        One host read per cycle: the accepted counts and tokens."""
+        (default r). With `controller="off"` its output is the one `generate(prompts[r],
+        seed=seeds[r])` gives, up to floating-point rounding in batched matrix products; with the
+        adaptive controller the depth of each cycle is the batch's, so at a temperature above 0 a
+        row's tokens depend on the batch too (its distribution never does). `on_tokens(row,
+        new_ids)` streams. One host read per cycle: the accepted counts, tokens and acceptance."""
         if self.verify != "branch":
             raise ValueError("generate_batch verifies one branch per row (verify='branch'); trie verification "
                              "takes one prompt at a time: use generate")
-        sampling = sampling or SamplingParams()
         rows = prompt_lists(prompts, max_new_tokens)
+        controller = self._start_controller(len(rows), tree=False)
+        return self._generate_batch(rows, sampling, max_new_tokens, stop_token_ids, seeds, on_tokens, controller)
+
+    def _generate_batch(self, rows: List[List[int]], sampling: Optional[SamplingParams], max_new_tokens: int,
+                        stop_token_ids: Optional[Sequence[int]], seeds: Optional[Sequence[int]],
+                        on_tokens: Optional[Callable[[int, List[int]], None]],
+                        controller: DepthController) -> List[GenerationOutput]:
+        """generate_batch's loop, each cycle verifying the number of drafts `controller` picks."""
+        sampling = sampling or SamplingParams()
         stops = set(stop_token_ids or ())
         device = self.target.device
         generators = row_generators(seeds, len(rows), device)
@@ -223,26 +277,43 @@ class SpeculativeDecoder:
                 on_tokens(row, [anchor])
             if not keep_until_stop([anchor], outputs[row], stops, max_new_tokens):
                 active.append(row)
-        history = []  # per cycle: active rows, accepted, kept, device tensors (branch, expected, prior), times
+        history = []  # per cycle: active rows, accepted, kept, device tensors (branch, expected, prior), times, depth
+        waiting = []  # plain steps' features [N, 1, F], which the next drafter pass reads after `context`
         if len(active) < len(rows):
-            anchors, context, context_lens, generators = self._drop_finished(
+            anchors, context, context_lens, generators, waiting = self._drop_finished(
                 list(range(len(rows))), active, layout, target_cache, proposer_cache, anchors, context, context_lens,
-                generators)
+                generators, waiting)
+            controller.select(active)
         while active:
             t0 = time.perf_counter()
+            depth = controller.depth()  # drafts this cycle verifies (0: a plain target step)
             uniforms = draw_uniforms(generators, block + 1, device)
-            proposal, branch, draft = self._draft(anchors, context, context_lens, proposer_cache, uniforms)  # 1-2.
-            t1 = time.perf_counter()
-            result, features = self._score_and_verify(anchors, draft, proposal, branch, uniforms, layout,   # 3-4.
-                                                      target_cache, sampling, validate=not history)
+            if depth == 0:
+                t1 = t0
+                result, features = self._plain_step(anchors, uniforms, layout, target_cache, sampling)
+                branch = torch.full_like(anchors, -1)
+                prior = torch.full((len(active), self.proposer.num_branches), math.nan, device=device)
+            else:
+                if waiting:  # one copy per drafter pass, however many plain steps came before it
+                    context = append_context(context, context_lens, torch.cat(waiting, dim=1))
+                    context_lens, waiting = context_lens + len(waiting), []
+                proposal, branch, draft = self._draft(anchors, context, context_lens, proposer_cache, uniforms)  # 1-2.
+                if depth < block - 1:
+                    proposal, draft = Proposal(proposal.branch_tokens[:, :, :depth], proposal.prior), draft[:, :depth]
+                prior = proposal.prior
+                t1 = time.perf_counter()
+                result, features = self._score_and_verify(anchors, draft, proposal, branch,             # 3-4.
+                                                          uniforms[:, : depth + 2], layout, target_cache, sampling,
+                                                          validate=not history)
             accepted = result.num_accepted.long()
-            # 5. the cycle's one host read: how many drafts each row accepted, and the tokens
-            read = torch.cat([accepted[:, None], result.output_tokens], dim=1).tolist()
-            layout.commit(target_cache, accepted + 1 if layout.commits_on_device else [r[0] + 1 for r in read])
+            # 5. the cycle's one host read: how many drafts each row accepted, the tokens, the acceptance
+            read = torch.cat([accepted[:, None].double(), result.output_tokens.double(),
+                              result.accept_probs.double()], dim=1).tolist()
+            layout.commit(target_cache, accepted + 1 if layout.commits_on_device else [int(r[0]) + 1 for r in read])
             survive = torch.cumprod(result.accept_probs.double(), -1).sum(-1)
             going, kept = [], []
             for i, row in enumerate(active):
-                emitted = read[i][1 : read[i][0] + 2]
+                emitted = [int(t) for t in read[i][1 : int(read[i][0]) + 2]]
                 before = len(outputs[row])
                 finished = keep_until_stop(emitted, outputs[row], stops, max_new_tokens)
                 kept.append(len(outputs[row]) - before)
@@ -250,18 +321,59 @@ class SpeculativeDecoder:
                     on_tokens(row, outputs[row][before:])
                 if not finished:
                     going.append(i)
-            history.append((list(active), [r[0] for r in read], kept, branch, survive, proposal.prior,
-                            t1 - t0, time.perf_counter() - t1))
+            controller.observe(depth, [r[depth + 2:] for r in read])
+            history.append((list(active), [int(r[0]) for r in read], kept, branch, survive, prior,
+                            t1 - t0, time.perf_counter() - t1, depth))
             anchors = result.output_tokens.gather(1, accepted[:, None])[:, 0]
-            context, context_lens = features, accepted + 1
+            if depth == 0:  # the drafter has not seen these features yet: they wait for its next pass
+                waiting.append(features)
+            else:
+                context, context_lens = features, accepted + 1
             if len(going) < len(active):
-                anchors, context, context_lens, generators = self._drop_finished(
+                anchors, context, context_lens, generators, waiting = self._drop_finished(
                     active, [active[i] for i in going], layout, target_cache, proposer_cache, anchors, context,
-                    context_lens, generators)
+                    context_lens, generators, waiting)
+                controller.select(going)
             active = [active[i] for i in going]
         cycles = self._cycle_records(history, len(rows))
         return [GenerationOutput(out, bool(stops) and out[-1] in stops, cycles[row])
                 for row, out in enumerate(outputs)]
+
+    def _plain_step(self, anchors, uniforms, layout, target_cache, sampling):
+        """A cycle of depth 0: one target forward on each row's anchor, its next token drawn with
+        uniforms[:, 1] (`sample_tokens`, the target's filter): (a verification result of no
+        drafts, the anchor's features)."""
+        mask, positions = layout.block_inputs(1, anchors.device)
+        logits, features = self.target.forward(anchors[:, None], target_cache, attention_mask=mask,
+                                               position_ids=positions)
+        tokens = self._sample(logits[:, 0], uniforms[:, 1], None, sampling, validate=False).tokens
+        rows = anchors.shape[0]
+        return VerifyResult(torch.zeros(rows, dtype=torch.int32, device=anchors.device), tokens[:, None],
+                            torch.zeros(rows, 0, device=anchors.device)), features
+
+    # the controller of one generation: its depth choices and, when adaptive, the cost table
+    def _start_controller(self, rows: int, tree: bool) -> DepthController:
+        max_depth = self.proposer.block_size - 1
+        if not isinstance(self.controller, str):
+            costs = self._costs(rows, tree) if getattr(self.controller, "needs_costs", False) else None
+            self.controller.start(rows, max_depth, costs)
+            return self.controller
+        if self.controller == "off":
+            controller = FixedDepth()
+            controller.start(rows, max_depth)
+            return controller
+        controller = AdaptiveDepth()
+        controller.start(rows, max_depth, self._costs(rows, tree))
+        return controller
+
+    def _costs(self, rows: int, tree: bool):
+        """The cost curve of a generation of `rows` prompts: C(d) for d = 0..D (trie), or a
+        function of the number of rows (a batch, whose rows finish one by one). Measured here,
+        before the generation starts, if the cost table lacks it."""
+        from .cost_calibration import ensure_costs
+
+        table = ensure_costs(self, rows, tree)
+        return list(table.tree) if tree else table.chain_costs
 
     # The cycle's device-side steps, between the uniforms' draw and the host read. With the static
     # target cache and validate=False they trace as one graph (torch.compile fullgraph: no graph
@@ -290,12 +402,12 @@ class SpeculativeDecoder:
         return self._verify(logits, proposal, branch, uniforms[:, 1:], sampling, validate=validate), features
 
     def _drop_finished(self, active, going, layout, target_cache, proposer_cache, anchors, context, context_lens,
-                       generators):
+                       generators, waiting):
         """Keeps the rows in `going` (output indices, a subset of `active`) in every state."""
         position = {row: i for i, row in enumerate(active)}
         keep = [position[row] for row in going]
         if not keep:
-            return anchors, context, context_lens, generators
+            return anchors, context, context_lens, generators, waiting
         index = torch.tensor(keep, device=anchors.device)
         layout.select(target_cache, keep)
         if len(active) > 1 and not hasattr(proposer_cache, "select_rows"):
@@ -304,7 +416,7 @@ class SpeculativeDecoder:
         if hasattr(proposer_cache, "select_rows"):
             proposer_cache.select_rows(index)
         return (anchors.index_select(0, index), context.index_select(0, index), context_lens.index_select(0, index),
-                [generators[i] for i in keep])
+                [generators[i] for i in keep], [features.index_select(0, index) for features in waiting])
 
     @staticmethod
     def _cycle_records(history, rows: int) -> List[List[CycleRecord]]:
@@ -314,23 +426,30 @@ class SpeculativeDecoder:
         if not history:
             return cycles
         figures = torch.cat([torch.cat([branch[:, None].double(), survive[:, None], prior.double()], dim=1)
-                             for _, _, _, branch, survive, prior, _, _ in history]).tolist()
+                             for _, _, _, branch, survive, prior, _, _, _ in history]).tolist()
         at = 0
-        for active, accepted, kept, _, _, _, draft_time, verify_time in history:
+        for active, accepted, kept, _, _, _, draft_time, verify_time, depth in history:
             for i, row in enumerate(active):
                 branch, survive, *prior = figures[at + i]
                 n = accepted[i] if kept[i] == accepted[i] + 1 else kept[i] - 1  # a cut cycle counts what was kept
-                cycles[row].append(CycleRecord(n, survive, int(branch), prior, draft_time, verify_time, [int(branch)]))
+                if depth == 0:  # a plain target step: no branch, no prior
+                    cycles[row].append(CycleRecord(n, 0.0, -1, [], draft_time, verify_time, [], drafts=0))
+                else:
+                    cycles[row].append(CycleRecord(n, survive, int(branch), prior, draft_time, verify_time,
+                                                   [int(branch)], drafts=depth))
             at += len(active)
         return cycles
 
     def _generate_tree(self, input_ids, sampling: Optional[SamplingParams], max_new_tokens: int,
                        stop_token_ids: Optional[Sequence[int]], seed: int,
-                       on_tokens: Optional[Callable[[List[int]], None]]) -> GenerationOutput:
-        """`generate` with trie verification: one prompt, one `_tree_cycle` per cycle."""
+                       on_tokens: Optional[Callable[[List[int]], None]],
+                       controller: Optional[DepthController] = None) -> GenerationOutput:
+        """`generate` with trie verification: one prompt, one `_tree_cycle` per cycle, each
+        capped at the depth `controller` picks (0: a plain target step)."""
         sampling = sampling or SamplingParams()
         ids = prompt_tensor(input_ids, max_new_tokens, self.target.device)
         stops = set(stop_token_ids or ())
+        controller = controller or self._start_controller(1, tree=True)
         generator = torch.Generator().manual_seed(seed)
 
         target_cache = self.target.new_cache()
@@ -341,10 +460,19 @@ class SpeculativeDecoder:
             on_tokens([anchor])
         proposer_cache = self.proposer.new_cache(1, ids.shape[1] + max_new_tokens + self.proposer.block_size,
                                                  ids.device)
-        cycles = []
+        cycles, waiting = [], []  # waiting: plain steps' features, which the next drafter pass reads after `context`
         while len(generated) < max_new_tokens and anchor not in stops:
-            record, emitted, context = self._tree_cycle(anchor, context, target_cache, proposer_cache, sampling,
-                                                        generator, validate=not cycles)
+            depth = controller.depth()
+            if depth and waiting:
+                context, waiting = torch.cat([context] + waiting, dim=1), []
+            record, emitted, features, acceptance = self._tree_cycle(
+                anchor, context, target_cache, proposer_cache, sampling, generator,
+                validate=not any(c.drafts for c in cycles), depth=depth)
+            controller.observe(depth, [acceptance])
+            if depth == 0:
+                waiting.append(features)
+            else:
+                context = features
             cycles.append(record)
             before = len(generated)
             keep_until_stop(emitted, generated, stops, max_new_tokens)
@@ -358,19 +486,28 @@ class SpeculativeDecoder:
         return GenerationOutput(generated[:max_new_tokens], stopped, cycles)
 
     def _tree_cycle(self, anchor: int, context: torch.Tensor, target_cache, proposer_cache,
-                    sampling: SamplingParams, generator: torch.Generator, validate: bool):
-        """_cycle with trie verification (dblast_ext.trie): every branch scored in one pass."""
+                    sampling: SamplingParams, generator: torch.Generator, validate: bool, depth: Optional[int] = None):
+        """_cycle with trie verification (dblast_ext.trie): every branch scored in one pass, the
+        trie cut at `depth` drafts (None: the whole block; 0: a plain target step). Returns (the
+        cycle's record, the committed tokens, their features, the conditional acceptance at each
+        depth of the trie: the controller's observation)."""
         device = context.device
         t0 = time.perf_counter()
         anchors = torch.tensor([anchor], dtype=torch.int64, device=device)
+        if depth == 0:
+            logits, features = self.target.forward(anchors[None], target_cache)
+            token = sample_from_logits(logits[0, -1], sampling, generator)
+            record = CycleRecord(0, 0.0, -1, [], 0.0, time.perf_counter() - t0, [], drafts=0)
+            return record, [token], features, []
         proposal = self.proposer.propose(anchors, context, proposer_cache)            # 1. propose
         if validate or not isinstance(self.proposer, DrafterProposer):
             check_proposal(proposal, self.target.vocab_size)
+        depth = self.proposer.block_size - 1 if depth is None else depth
         prior = proposal.prior[0].tolist()
         ranked = getattr(proposal, "top_tokens", None) is not None
-        branch_tokens = proposal.branch_tokens[0].tolist()
-        top_tokens = proposal.top_tokens[0].tolist() if ranked else None
-        top_probs = proposal.top_probs[0].tolist() if ranked else None
+        branch_tokens = [tokens[:depth] for tokens in proposal.branch_tokens[0].tolist()]
+        top_tokens = [tokens[:depth] for tokens in proposal.top_tokens[0].tolist()] if ranked else None
+        top_probs = [probs[:depth] for probs in proposal.top_probs[0].tolist()] if ranked else None
         # a node budget keeps the nodes the drafter most expects a walk to reach, when it ranked its tokens
         token_probs = (drafted_token_probs(branch_tokens, top_tokens, top_probs)
                        if ranked and self.max_tree_nodes else None)
@@ -392,8 +529,11 @@ class SpeculativeDecoder:
         self.target.keep_rows(target_cache, start, rows)                                # 5. keep the path
         accepted = len(walk.tokens) - 1
         record = CycleRecord(accepted, walk.expected_accepted, walk.branches[0], prior, t1 - t0,
-                             time.perf_counter() - t1, walk.branches, trie.num_nodes, walk.branch_rule_expected)
-        return record, walk.tokens, features[:, rows]
+                             time.perf_counter() - t1, walk.branches, trie.num_nodes, walk.branch_rule_expected,
+                             drafts=depth)
+        reach = [1.0] + walk.depth_reach
+        acceptance = [reach[i + 1] / reach[i] if reach[i] > 0 else math.nan for i in range(len(walk.depth_reach))]
+        return record, walk.tokens, features[:, rows], acceptance
 
     def _sample(self, logits: torch.Tensor, uniforms: torch.Tensor, query_tokens: torch.Tensor,
                 sampling: SamplingParams, validate: bool):
@@ -431,7 +571,7 @@ class SpeculativeDecoder:
         _, context = self.target.forward(ids[:, :-1], target_cache, last_logits_only=True)
         proposer_cache = self.proposer.new_cache(1, ids.shape[1] + self.proposer.block_size, ids.device)
         if self.verify == "tree":
-            record, _, _ = self._tree_cycle(int(ids[0, -1]), context, target_cache, proposer_cache, sampling,
+            record, _, _, _ = self._tree_cycle(int(ids[0, -1]), context, target_cache, proposer_cache, sampling,
                                             torch.Generator().manual_seed(seed), validate=True)
             return record
         anchors = ids[:, -1]
@@ -444,7 +584,14 @@ class SpeculativeDecoder:
                                            validate=True)
         survive = float(torch.cumprod(result.accept_probs[0].double(), 0).sum())
         return CycleRecord(int(result.num_accepted[0]), survive, int(branch[0]), proposal.prior[0].tolist(), 0.0, 0.0,
-                           [int(branch[0])])
+                           [int(branch[0])], drafts=int(draft.shape[1]))
+
+    def prepare(self, rows: int = 1) -> None:
+        """The adaptive controller's cost table for generations of up to `rows` prompts (and for
+        trie verification), measured now if the table lacks it, so no timed generation pays for
+        it; nothing to do for other controllers."""
+        if self.controller == "adaptive":
+            self._costs(rows, tree=self.verify == "tree")
 
     def warm_up(self, input_ids, sampling: Optional[SamplingParams] = None, *, target_only: bool = True,
                 stop_token_ids: Optional[Sequence[int]] = None) -> None:

@@ -30,6 +30,8 @@ class CycleRecord:
                                # greedy-branch verification on the same proposal and target
                                # distributions, a same-context comparison (None: branch mode, or a
                                # node budget cut the trie)
+    drafts: Optional[int] = None  # the drafts this cycle verified (the adaptive controller's depth;
+                               # 0: a plain target step, no drafter pass; None: not recorded)
 
 
 @dataclass
@@ -100,6 +102,17 @@ def draw_uniforms(generators: Sequence[torch.Generator], count: int, device) -> 
     return torch.stack([torch.rand(count, generator=g, device=device, dtype=torch.float64) for g in generators])
 
 
+def append_context(context: torch.Tensor, lengths: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """The drafter's pending context [N, T, F] (row r's first lengths[r] positions) with `features`
+    [N, k, F] written right after each row's own: [N, T + k, F] (on the device, no host read).
+    The features of plain target steps wait for the next drafter pass this way, so drafting
+    resumes without a new prefill."""
+    k = features.shape[1]
+    grown = torch.cat([context, torch.zeros_like(features)], dim=1)
+    where = (lengths.view(-1, 1) + torch.arange(k, device=lengths.device)).unsqueeze(-1)
+    return grown.scatter(1, where.expand(-1, -1, features.shape[-1]), features)
+
+
 def keep_until_stop(tokens: Sequence[int], generated: List[int], stops, max_new_tokens: int) -> bool:
     """Appends `tokens` to `generated` up to and including a stop token or the limit; True
     when the row is finished."""
@@ -111,4 +124,4 @@ def keep_until_stop(tokens: Sequence[int], generated: List[int], stops, max_new_
 
 
 __all__ = ["CycleRecord", "GenerationOutput", "prompt_tensor", "prompt_lists", "row_generators", "draw_uniforms",
-           "keep_until_stop", "TARGET_CACHES", "check_target_cache"]
+           "keep_until_stop", "append_context", "TARGET_CACHES", "check_target_cache"]

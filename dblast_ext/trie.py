@@ -18,7 +18,7 @@ its parent into one more committed token and the bonus draw after it.
 
 Rows: row 0 is the anchor (depth 0), rows 1..N the trie's nodes, parents before children.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -35,6 +35,8 @@ class TrieWalk:
     expected_accepted: float  # sum over nodes of the chance the walk reaches it
     branch_rule_expected: Optional[float] = None  # greedy-branch verification's expected accepted drafts
     # for the same proposal and target distributions (None when a node budget cut the trie)
+    depth_reach: List[float] = field(default_factory=list)  # [i - 1]: the chance the walk accepts at least
+    # i drafts, for every depth i of the trie (the adaptive controller's signal: dblast_ext.adaptive)
 
 
 @dataclass
@@ -107,7 +109,10 @@ class DraftTrie:
                 q = self.mass[child] / self.mass[r] if self.mass[r] > 0 else 0.0
                 branch_reach[child] = branch_reach[r] * min(q, p)
         branch_rule = sum(branch_reach[1:]) if self.complete else None
-        return TrieWalk(tokens, rows, list(self.branches[rows[-1]]), sum(reach[1:]), branch_rule)
+        depth_reach = [0.0] * max(self.depths)
+        for r in range(1, len(self.tokens)):
+            depth_reach[self.depths[r] - 1] += reach[r]
+        return TrieWalk(tokens, rows, list(self.branches[rows[-1]]), sum(reach[1:]), branch_rule, depth_reach)
 
 
 def build_trie(branch_tokens: Sequence[Sequence[int]], prior: Sequence[float],

@@ -25,6 +25,8 @@ def make_decoder(tmp_path, family="qwen3", branches=1, block_size=4, vocab=100, 
     if branches > 1:  # make the branches genuinely different
         torch.nn.init.normal_(drafter.branch_expander.weight, std=0.3, generator=torch.Generator().manual_seed(1))
     drafter.to(device)
+    # every cycle verifies the whole block unless a test asks for a controller (test_adaptive.py)
+    decoder_kwargs.setdefault("controller", "off")
     return SpeculativeDecoder(target, drafter, use_kernels=use_kernels, category_temperature=category_temperature,
                               draft_vocab=draft_vocab, **decoder_kwargs)
 
@@ -152,6 +154,7 @@ def oracle_decoder(dec, branches, prompt, ranked=False, **decoder_kwargs):
     """`dec`'s target driven by an OracleProposer (a RankedOracleProposer with `ranked`), and
     that proposer."""
     oracle = (RankedOracleProposer if ranked else OracleProposer)(dec, branches, prompt)
+    decoder_kwargs.setdefault("controller", "off")  # an oracle follows one response: no calibration runs
     return SpeculativeDecoder(dec.target.model, proposer=oracle, **decoder_kwargs), oracle
 
 

@@ -24,7 +24,7 @@ FULL = pytest.mark.slow
 def oracle_batch_decoder(dec, branches, prompts):
     """`dec`'s target driven by a BatchOracleProposer, with `dec`'s target cache."""
     oracle = BatchOracleProposer(dec, branches, prompts)
-    return SpeculativeDecoder(dec.target.model, proposer=oracle, target_cache=dec.target_cache), oracle
+    return SpeculativeDecoder(dec.target.model, proposer=oracle, target_cache=dec.target_cache, controller="off"), oracle
 
 
 @pytest.mark.parametrize("family,branches,target_cache", [

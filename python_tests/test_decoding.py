@@ -78,7 +78,7 @@ def test_a_cut_cycle_counts_only_the_tokens_kept(tmp_path, stop_at):
     by the token limit (9 -> 10) or by a stop token: the last cycle counts what was kept."""
     target = make_decoder(tmp_path, "qwen3", 1, 4).target.model
     greedy = hf_greedy(target, PROMPT, 30)
-    dec = SpeculativeDecoder(target, proposer=ScriptedProposer(greedy, len(PROMPT), 4, (1, 4)))
+    dec = SpeculativeDecoder(target, proposer=ScriptedProposer(greedy, len(PROMPT), 4, (1, 4)), controller="off")
     stops, kept = None, 10
     if stop_at:  # the first token from the stop_at-th on that did not occur before it
         kept = next(k for k in range(stop_at - 1, len(greedy)) if greedy[k] not in greedy[:k]) + 1
@@ -122,7 +122,7 @@ def test_a_proposal_breaking_the_verifiers_contract_is_refused(tmp_path):
             tokens, prior = super().propose(anchors, context, cache, context_lens)
             return Proposal(tokens, prior * 0.5)
 
-    dec = SpeculativeDecoder(target, proposer=HalfPrior(greedy, len(PROMPT), 4, (1, 4)))  # the ops check values
+    dec = SpeculativeDecoder(target, proposer=HalfPrior(greedy, len(PROMPT), 4, (1, 4)), controller="off")  # the ops check values
     with pytest.raises(ValueError, match="branch_prior"):
         dec.generate(PROMPT, SamplingParams(temperature=1.0), max_new_tokens=8)
 

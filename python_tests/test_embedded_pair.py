@@ -51,12 +51,12 @@ def target():
     return load_target("default", device="cpu")
 
 
-def _decoder(target, name):
+def _decoder(target, name, controller="off"):
     from dblast_ext import load_drafter
     from dblast_ext.decoding import SpeculativeDecoder
 
     model, _ = target
-    return SpeculativeDecoder(model, load_drafter(name, target=model).float().eval())
+    return SpeculativeDecoder(model, load_drafter(name, target=model).float().eval(), controller=controller)
 
 
 def _prompt_ids(tokenizer):
@@ -81,6 +81,24 @@ def test_greedy_equals_the_targets_own_greedy_output_and_drafts_are_accepted(tar
     # an untrained drafter commits ~1.0 tokens per target pass; the shipped ones must do far better
     committed = committed_length([c.num_accepted for c in out.cycles])
     assert committed >= 1.5, f"{name}: committed length {committed:.2f} on a greedy math answer"
+
+
+@needs_smollm2
+def test_greedy_equals_the_targets_own_greedy_output_with_the_adaptive_controller(target, tmp_path, monkeypatch):
+    """The default controller, its costs measured for the pair here: T 0 still gives the
+    target's own greedy output, and the controller does draft on a math answer."""
+    from dblast_ext.decoding import SamplingParams
+
+    monkeypatch.setenv("DBLAST_COST_CACHE", str(tmp_path))
+    model, tokenizer = target
+    ids = _prompt_ids(tokenizer)
+    out = _decoder(target, "dblast-k4", controller="adaptive").generate(ids, SamplingParams(0.0), max_new_tokens=48)
+    with torch.no_grad():
+        prompt = torch.tensor([ids])
+        want = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=48,
+                              eos_token_id=None)[0, len(ids):].tolist()
+    assert out.token_ids == want
+    assert any(c.drafts for c in out.cycles)
 
 
 @needs_smollm2

@@ -58,7 +58,7 @@ def config(world, out, **overrides):
 
 def heldout_expected_accepted(target_dir, drafter, prompts_file):
     model, tokenizer = load_target(target_dir, device="cpu")
-    decoder = SpeculativeDecoder(model, drafter)
+    decoder = SpeculativeDecoder(model, drafter, controller="off")  # acceptance: every cycle drafts
     values = []
     for i, prompt in enumerate(load_prompts(prompts_file)):
         ids = tokenizer(prompt.turns[0])["input_ids"]

@@ -519,6 +519,6 @@ def test_a_proposal_outside_the_vocabulary_is_refused_before_the_target_runs(tmp
                 top_tokens = torch.full((1, 2, 3), 1)
             return RankedProposal(tokens, torch.tensor([[0.5, 0.5]]), top_tokens, top_probs)
 
-    bad = SpeculativeDecoder(dec.target.model, proposer=Bad(), verify="tree")
+    bad = SpeculativeDecoder(dec.target.model, proposer=Bad(), verify="tree", controller="off")
     with pytest.raises(ValueError, match=message):
         bad.generate(PROMPT, SamplingParams(1.0), max_new_tokens=8)

@@ -101,7 +101,7 @@ def test_tiny_dblast_drafts_in_vllm_what_it_drafts_in_the_package(tiny_pair):
                                     skip_tokenizer_init=True, record_drafts=1))
     drafter = load_drafter(drafter_dir, target=target)
     proposals = []
-    decoder = SpeculativeDecoder(target, drafter, category_temperature=0.0)
+    decoder = SpeculativeDecoder(target, drafter, category_temperature=0.0, controller="off")
     propose = decoder.proposer.propose
     decoder.proposer.propose = lambda *a: proposals.append(propose(*a)) or proposals[-1]
     decoder.generate(PROMPTS[1], SamplingParams(temperature=0), max_new_tokens=2)

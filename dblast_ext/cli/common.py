@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 
+from ..adaptive import CONTROLLERS
 from ..decoding import TREE_EXTRA_LEAVES, VERIFY_MODES, SamplingParams, SpeculativeDecoder
 from ..drafter import DrafterConfig
 from ..drafter_io import checkpoint_files, config_from_json, load_drafter
@@ -46,7 +47,32 @@ def add_model_args(p, *, block_size: bool = True, fastest: bool = False) -> None
                        help="run the drafter at another block size than it was trained for (naive expansion)")
     add_draft_vocab_arg(p)
     add_verify_args(p, fastest=fastest)
+    add_controller_args(p)
     p.add_argument("--no-kernels", action="store_true", help="run the reference ops instead of the compiled kernels")
+
+
+def add_controller_args(p) -> None:
+    """--controller and --cost-table (dblast_ext.adaptive). A subcommand whose default is the
+    adaptive controller says so with p.set_defaults(adaptive_by_default=True); the others (which
+    measure acceptance, where every cycle should verify the whole block) default to off."""
+    p.add_argument("--controller", choices=CONTROLLERS, default=None,
+                   help="adaptive: each cycle verifies the number of drafts (0 = a plain target step) that "
+                        "maximises the expected tokens per second, from the measured acceptance and the measured "
+                        "cost of a cycle at each depth (docs/design.md); off: every cycle verifies the whole "
+                        "block. Neither changes the output distribution (default: adaptive for generate, demo "
+                        "and timed eval runs, off where acceptance is measured)")
+    p.add_argument("--cost-table", default=None, metavar="PATH",
+                   help="the adaptive controller's cost table (`dblast calibrate --cost` writes one; default: "
+                        "measured at first use for this machine, models, dtype and settings, and cached)")
+
+
+def controller_of(args) -> str:
+    """--controller, or the subcommand's default: adaptive where speed is the point (generate,
+    demo, eval --measure-speedup), off where acceptance is measured."""
+    if getattr(args, "controller", None):
+        return args.controller
+    adaptive = getattr(args, "adaptive_by_default", False) or getattr(args, "measure_speedup", False)
+    return "adaptive" if adaptive else "off"
 
 
 def add_verify_args(p, fastest: bool = False) -> None:
@@ -228,11 +254,27 @@ def check_args(args) -> DrafterConfig:
     if draft_vocab_of(args) is not None and args.draft_vocab < 1:
         raise ValueError(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
     check_tree_args(args, getattr(args, "verify", "branch"))
+    check_cost_table_arg(args)
     z = getattr(args, "category_temperature", None)
     if isinstance(z, float) and z < 0:  # `dblast eval` also takes "calibrate" and checks it itself
         raise ValueError(f"--category-temperature must be >= 0, got {z}")
     check_target_args(args)
     return read_drafter_config(args)
+
+
+def check_cost_table_arg(args) -> None:
+    """--cost-table: a readable cost table, and only for the adaptive controller."""
+    path = getattr(args, "cost_table", None)
+    if path is None:
+        return
+    if controller_of(args) != "adaptive":
+        raise ValueError(f"--cost-table {path}: the cost table is the adaptive controller's; this run has "
+                         f"--controller {controller_of(args)}")
+    from ..adaptive import CostTable
+
+    if not os.path.isfile(path):
+        raise ValueError(f"--cost-table {path}: no such file (`dblast calibrate --cost` writes one)")
+    CostTable.load(path)  # its errors name the file
 
 
 def check_tree_args(args, verify: Optional[str]) -> None:
@@ -277,4 +319,5 @@ def drafting_decoder(args, target, path: str, num_branches: Optional[int], categ
                               use_kernels=not args.no_kernels, draft_vocab=draft_vocab_of(args),
                               verify=getattr(args, "verify", None) or "branch",
                               max_tree_nodes=getattr(args, "max_tree_nodes", None),
-                              extra_leaves=getattr(args, "extra_leaves", None))
+                              extra_leaves=getattr(args, "extra_leaves", None), controller=controller_of(args),
+                              cost_table=getattr(args, "cost_table", None))

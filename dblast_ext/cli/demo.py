@@ -8,12 +8,12 @@ import sys
 
 from ..embedded_drafters import EMBEDDED_DRAFTERS
 from ..target_loading import TextStream, encode_messages, stop_token_ids
-from .common import (add_draft_vocab_arg, add_runtime_args, add_sampling_args, add_verify_args, check_args,
-                     draft_vocab_of, load_decoder, pick_fastest_settings, sampling_of)
+from .common import (add_controller_args, add_draft_vocab_arg, add_runtime_args, add_sampling_args, add_verify_args,
+                     check_args, draft_vocab_of, load_decoder, pick_fastest_settings, sampling_of)
 from ..eval.metrics import speedup_ratio
 from ..eval.contention import contention_warning
 from ..foreign_load import timed
-from .display import acceptance_histogram, committed_length, rate
+from .display import acceptance_histogram, committed_length, drafting_line, rate
 
 DEMO_PROMPTS = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -40,6 +40,8 @@ def add_parser(subparsers) -> None:
                         "dblast_ext.fastest_settings)")
     add_draft_vocab_arg(p)
     add_verify_args(p, fastest=True)
+    add_controller_args(p)
+    p.set_defaults(adaptive_by_default=True)
     p.add_argument("--no-compare", action="store_true", help="skip the target-only runs (no speed-up figure)")
     add_runtime_args(p)
 
@@ -68,7 +70,7 @@ def run(args) -> int:
     prompts = [encode_messages(tokenizer, [{"role": "user", "content": text}]) for text in DEMO_PROMPTS[:args.prompts]]
     decoder.warm_up(prompts[0], sampling, target_only=not args.no_compare, stop_token_ids=stops)
 
-    accepted, spec_tokens, spec_time, ar_tokens, ar_time, loads = [], 0, 0.0, 0, 0.0, []
+    accepted, depths, spec_tokens, spec_time, ar_tokens, ar_time, loads = [], [], 0, 0.0, 0, 0.0, []
     draft_time = verify_time = 0.0
     for i, (text, ids) in enumerate(zip(DEMO_PROMPTS, prompts)):
         print(f"[{i + 1}/{len(prompts)}] {text}", file=out)
@@ -78,6 +80,7 @@ def run(args) -> int:
         result, timing = timed(decoder.generate, ids, **run_kwargs, on_tokens=stream)
         cycles = [c.num_accepted for c in result.cycles]
         accepted += cycles
+        depths += [c.drafts for c in result.cycles]
         draft_time += sum(c.draft_time for c in result.cycles)
         verify_time += sum(c.verify_time for c in result.cycles)
         spec_tokens += len(result.token_ids)
@@ -99,6 +102,8 @@ def run(args) -> int:
         print(f"all prompts: {len(accepted)} cycles, committed length {committed_length(accepted):.2f} tokens per "
               "target pass; accepted drafts per cycle:", file=out)
         print(acceptance_histogram([accepted.count(n) for n in range(drafter.config.block_size)]), file=out)
+        if decoder.controller == "adaptive":
+            print(drafting_line(depths), file=out)
     else:  # every answer ended with the token the prefill samples (e.g. --max-new-tokens 1)
         print("all prompts: no drafting cycle ran (every answer ended at its first token)", file=out)
     print(f"speculative sampling: {rate(spec_tokens, spec_time)}", file=out)

@@ -24,3 +24,16 @@ def rate(tokens: int, seconds: float) -> str:
 def committed_length(accepted: Sequence[int]) -> float:
     """Tokens committed per target pass: accepted drafts + the target's own token, per cycle."""
     return sum(n + 1 for n in accepted) / len(accepted)
+
+
+def drafting_line(depths) -> str:
+    """What the adaptive controller chose over a run's cycles (their `drafts`: 0 is a plain
+    target step): how many cycles drafted, and how deep."""
+    drafted = [d for d in depths if d]
+    if not depths:
+        return ""
+    if not drafted:
+        return f"adaptive drafting: all {len(depths)} passes were plain target steps (drafting did not pay here)"
+    return (f"adaptive drafting: {len(drafted)} of {len(depths)} target passes verified drafts, "
+            f"{sum(drafted) / len(drafted):.1f} drafts deep on average; {len(depths) - len(drafted)} were plain "
+            "target steps (--controller off: every pass verifies the whole block)")

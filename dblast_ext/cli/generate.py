@@ -10,7 +10,7 @@ from .common import (add_category_temperature_arg, add_model_args, add_sampling_
 from ..eval.metrics import speedup_ratio
 from ..eval.contention import contention_warning
 from ..foreign_load import timed
-from .display import acceptance_histogram, committed_length, rate
+from .display import acceptance_histogram, committed_length, drafting_line, rate
 
 
 def add_parser(subparsers) -> None:
@@ -19,6 +19,7 @@ def add_parser(subparsers) -> None:
                                           "DFlash/DBLast drafter and verified exactly (the output follows the "
                                           "target's own sampling distribution).")
     add_model_args(p, fastest=True)
+    p.set_defaults(adaptive_by_default=True)
     add_sampling_args(p)
     p.add_argument("--prompt", required=True, help="the prompt text ('-' reads it from stdin)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
@@ -48,6 +49,7 @@ def run(args) -> int:
     run_kwargs = dict(sampling=sampling, max_new_tokens=args.max_new_tokens, stop_token_ids=stops, seed=args.seed)
     if args.compare_ar:
         decoder.warm_up(ids, sampling, stop_token_ids=stops)
+    decoder.prepare()  # the adaptive controller's cost table, measured now if this is its first use (not timed)
 
     stream = None if args.json else TextStream(tokenizer, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
     out, timing = timed(decoder.generate, ids, **run_kwargs, on_tokens=stream)
@@ -64,7 +66,8 @@ def run(args) -> int:
         "expected_accepted": [c.expected_accepted for c in out.cycles],
         "block_size": drafter.config.block_size, "num_branches": drafter.num_branches,
         "draft_vocab": None if decoder.draft_ids is None else len(decoder.draft_ids),
-        "verify": decoder.verify,
+        "verify": decoder.verify, "controller": decoder.controller if isinstance(decoder.controller, str) else "custom",
+        "drafts": [c.drafts for c in out.cycles],
     }
     if decoder.verify == "tree":
         figures["tree_nodes"] = [c.tree_nodes for c in out.cycles]
@@ -90,6 +93,8 @@ def run(args) -> int:
               f"cycle:", file=err)
         counts = [accepted.count(n) for n in range(drafter.config.block_size)]
         print(acceptance_histogram(counts), file=err)
+        if decoder.controller == "adaptive":
+            print(f"--- {drafting_line(figures['drafts'])}", file=err)
     if args.compare_ar:
         print(f"--- target alone: {rate(figures['ar_new_tokens'], figures['ar_wall_time'])}; "
               f"speed-up {figures['speedup']:.2f}x", file=err)

@@ -34,6 +34,9 @@ def make_record(*, dataset: str, prompt_id: str, turn: int, output: GenerationOu
         record["tree_nodes"] = [c.tree_nodes for c in output.cycles]
         if all(c.branch_rule_expected is not None for c in output.cycles):
             record["branch_rule_expected"] = [round(c.branch_rule_expected, 6) for c in output.cycles]
+    if any(c.drafts is not None and c.drafts < block_size - 1 for c in output.cycles):
+        # the adaptive controller chose shallower cycles (0: a plain target step); absent: every cycle drafted b
+        record["drafts"] = [c.drafts for c in output.cycles]
     if timing.foreign_load is not None:
         record["foreign_load"] = round(timing.foreign_load, 4)
     if baseline is not None:

@@ -53,6 +53,9 @@ def run_settings(decoder: SpeculativeDecoder, spec: RunSpec, category_temperatur
         settings["draft_vocab"] = len(decoder.draft_ids)
     if spec.batch_size != 1:  # likewise; wall times are then shares of a batch's
         settings["batch_size"] = spec.batch_size
+    if decoder.controller != "off":  # likewise: runs made before the adaptive controller verified every draft
+        settings["controller"] = decoder.controller if isinstance(decoder.controller, str) else type(
+            decoder.controller).__name__
     if decoder.verify != "branch":  # likewise
         settings["verify"] = decoder.verify
         if decoder.max_tree_nodes is not None:

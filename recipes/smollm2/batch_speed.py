@@ -2,8 +2,9 @@
 alone batched the same way (`SpeculativeDecoder.generate_batch` against
 `generate_autoregressive_batch`: the same left-padded cache, the same per-prompt seeds and
 filter), at several batch sizes, with each of the loop's target caches (`--target-caches`:
-"dynamic", compacted after each cycle, and "static", fixed slots; dblast_ext.slot_cache), side
-by side in one process. Run it on idle cores.
+"dynamic", compacted after each cycle, and "static", fixed slots; dblast_ext.slot_cache) and each
+drafting controller (`--controllers`: "adaptive", the default, and "off", every cycle verifying
+the whole block; dblast_ext.adaptive), side by side in one process. Run it on idle cores.
 
     OMP_NUM_THREADS=2 python recipes/smollm2/batch_speed.py --out results/smollm2/batch
 
@@ -19,6 +20,7 @@ from datetime import datetime, timezone
 import torch
 
 from dblast_ext import load_drafter
+from dblast_ext.adaptive import CONTROLLERS
 from dblast_ext.decoding import TARGET_CACHES, SamplingParams, SpeculativeDecoder
 from dblast_ext.embedded_drafters import resolve_drafter
 from dblast_ext.eval.datasets import load_dataset_list
@@ -39,6 +41,7 @@ def parse_args():
     p.add_argument("--draft-vocab", type=int, default=None, help="draft from the first N token ids")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--target-caches", default="dynamic", help="comma-separated: dynamic, static")
+    p.add_argument("--controllers", default="adaptive", help="comma-separated: adaptive, off")
     p.add_argument("--out", required=True)
     return p.parse_args()
 
@@ -59,6 +62,10 @@ def main():
         drafter.config.block_size = args.block_size
     decoder = SpeculativeDecoder(target, drafter, draft_vocab=args.draft_vocab)
     caches = args.target_caches.split(",")
+    controllers = args.controllers.split(",")
+    if set(controllers) - set(CONTROLLERS):
+        raise SystemExit(f"--controllers: comma-separated {', '.join(CONTROLLERS)}; got {args.controllers!r}")
+    batches = [int(b) for b in args.batches.split(",")]
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
     stops = stop_token_ids(target, tokenizer)
     prompts = [encode_messages(tokenizer, [{"role": "user", "content": p.turns[0]}])
@@ -66,25 +73,33 @@ def main():
     seeds = list(range(len(prompts)))
     for cache in caches:
         decoder.target_cache = cache
-        decoder.warm_up(prompts[0], sampling, stop_token_ids=stops, target_only=cache == caches[0])
-    runs = [(f"speculative-{cache}" if len(caches) > 1 else "speculative", cache) for cache in caches]
+        for controller in controllers:
+            decoder.controller = controller
+            decoder.prepare(max(batches))  # the adaptive controller's cost table: measured now, not in a timed run
+            decoder.warm_up(prompts[0], sampling, stop_token_ids=stops, target_only=cache == caches[0])
+    runs = [("-".join(["speculative"] + ([cache] if len(caches) > 1 else []) + ([controller] if len(controllers) > 1
+                                                                                else [])), (cache, controller))
+            for cache in caches for controller in controllers]
     runs.append(("target", None))
     rows = []
-    for batch in [int(b) for b in args.batches.split(",")]:
+    for batch in batches:
         figures = {"batch": batch}
         for name, cache in runs:
-            decoder.target_cache = cache or "dynamic"
+            decoder.target_cache = cache[0] if cache else "dynamic"
+            decoder.controller = cache[1] if cache else "off"
             run = decoder.generate_batch if cache else decoder.generate_autoregressive_batch
-            tokens = seconds = passes = 0
+            tokens = seconds = passes = drafted = 0
             for first in range(0, len(prompts), batch):
                 outs, wall = timed(run, prompts[first:first + batch], sampling, args.max_new_tokens, stops,
                                    seeds=seeds[first:first + batch])
                 tokens += sum(len(o.token_ids) for o in outs)
                 seconds += wall
                 passes += max(len(o.cycles) for o in outs) if cache else 0
+                drafted += max(sum(1 for c in o.cycles if c.drafts) for o in outs) if cache else 0
             figures[name] = {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_second": tokens / seconds}
             if cache:
                 figures[name]["cycles"] = passes
+                figures[name]["drafting_cycles"] = drafted
         for name, cache in runs[:-1]:
             figures[name]["speedup"] = figures[name]["tokens_per_second"] / figures["target"]["tokens_per_second"]
         print(json.dumps(figures), flush=True)

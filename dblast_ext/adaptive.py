@@ -1,0 +1,313 @@
+"""Adaptive drafting: how many drafts each cycle verifies, chosen from measured acceptance and
+measured cost, so that drafting never makes generation slower than the target alone.
+
+A cycle that verifies d drafts (0 <= d <= D, D = block_size - 1) costs C(n, d) seconds at batch
+size n (the drafter pass, the target forward over d + 1 positions per row, the verifier and the
+loop's bookkeeping; d = 0 is a plain target step, no drafter pass) and commits
+
+    E_r(d) = 1 + sum_{i=1..d} prod_{j<=i} a_r[j]
+
+tokens in expectation for row r, where a_r[j] is the chance that draft j is accepted given that
+drafts 1..j-1 were (its conditional acceptance). Each cycle the controller verifies the depth
+
+    d* = argmax_d  sum_r E_r(d) / C(n, d)
+
+(ties: the shallower), so at a batch size or a temperature where verification costs more than
+it commits, d* = 0 and the loop decodes plainly. The signals:
+- a_r[j]: a running average over the cycles that verified position j, starting from a prior
+  of PRIOR_ACCEPTANCE worth PRIOR_WEIGHT observations (the mean of the first observations and the
+  prior, then an exponential average with weight ALPHA, so it follows a response whose
+  predictability changes). Each observation is an acceptance probability, not a 0/1
+  outcome: greedy-branch verification reports min(1, p / q) at every verified position
+  (`VerifyResult.accept_probs`), trie verification the walk's chance of reaching each depth
+  (`TrieWalk.depth_reach`), so one cycle informs every position it verified.
+- C(n, d): a `CostTable`, measured once per machine, model pair, dtype and decoding settings by
+  timing the decode loop itself (`calibrate_costs`), cached on disk (`cost_table_path`) and
+  never re-timed during a generation.
+Bounded exploration: every `probe_interval` cycles a cycle verifies one position deeper than d*
+(what changed there can only be seen by verifying it), at most PROBE_BUDGET of the time in
+expectation; a probe from d* = 0 runs the drafter, which then catches up on every committed
+token's features in one pass (no new prefill).
+
+Exactness: the depth is chosen before the cycle draws anything and depends only on earlier
+cycles (what they committed and the acceptance probabilities they reported) and the cost table.
+Whatever d is, the cycle's committed tokens follow the target's distribution (a shorter chain is
+verified exactly like a longer one; d = 0 samples the target directly), so the output
+distribution is the target's, and with the same cost table and seeds the output is the same
+token for token. The controller only decides how fast.
+"""
+import hashlib
+import json
+import math
+import os
+import platform
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Protocol, Sequence
+
+__all__ = ["DepthController", "FixedDepth", "ScriptedDepth", "AdaptiveDepth", "CostTable", "expected_committed",
+           "cost_table_path", "CONTROLLERS", "ALPHA", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT", "PROBE_BUDGET"]
+
+# running-average weight of a new observation of a position's acceptance (once the prior and the
+# observations so far weigh 1 / ALPHA), and the prior each position starts from, worth PRIOR_WEIGHT
+# observations: an even chance, which drafts at batch 1 when a cycle costs under about twice a
+# target step and lets the first cycles' measurements decide soon after
+ALPHA = 1 / 16
+PRIOR_ACCEPTANCE = 0.5
+PRIOR_WEIGHT = 2
+# the share of time exploration may cost in expectation: a probe one position deeper than d* is run
+# every max(MIN_PROBE_INTERVAL, (C(d* + 1) / C(d*) - 1) / PROBE_BUDGET) cycles
+PROBE_BUDGET = 0.02
+MIN_PROBE_INTERVAL = 8
+MAX_PROBE_INTERVAL = 256
+# the names SpeculativeDecoder(controller=...) takes besides a DepthController object
+CONTROLLERS = ("adaptive", "off")
+
+
+class DepthController(Protocol):
+    """What the decode loop asks of a controller: `start` before the first cycle of a generation
+    (with the cost curve when the controller sets `needs_costs = True`: C(d) for d = 0..D, or for
+    a batch a function of its number of rows), `depth` before each cycle (one depth for the whole
+    batch: one shape), `observe` after it with every active row's conditional acceptance at the
+    positions that cycle verified, `select` when rows finish (the indices, into the active rows,
+    of those that go on)."""
+
+    def start(self, rows: int, max_depth: int, costs: Optional[List[float]] = None) -> None: ...
+
+    def depth(self) -> int: ...
+
+    def observe(self, depth: int, acceptance: Sequence[Sequence[float]]) -> None: ...
+
+    def select(self, keep: Sequence[int]) -> None: ...
+
+
+class FixedDepth:
+    """Every cycle verifies `depth` drafts (None: the whole block), as the loop did before the
+    controller: `controller="off"`."""
+
+    def __init__(self, depth: Optional[int] = None):
+        if depth is not None and int(depth) < 0:
+            raise ValueError(f"depth must be None or >= 0, got {depth!r}")
+        self.fixed = depth
+        self.max_depth = 0
+
+    def start(self, rows: int, max_depth: int, costs=None) -> None:
+        self.max_depth = max_depth
+
+    def depth(self) -> int:
+        return self.max_depth if self.fixed is None else min(int(self.fixed), self.max_depth)
+
+    def observe(self, depth, acceptance) -> None:
+        pass
+
+    def select(self, keep) -> None:
+        pass
+
+
+class ScriptedDepth(FixedDepth):
+    """The depths of `depths` in turn, cycling (clipped to the block): for calibration and for
+    the exactness tests, which switch depth every cycle."""
+
+    def __init__(self, depths: Sequence[int]):
+        super().__init__()
+        if not depths or any(int(d) < 0 for d in depths):
+            raise ValueError(f"depths must be a non-empty list of depths >= 0, got {list(depths)!r}")
+        self.depths = [int(d) for d in depths]
+        self.cycle = 0
+        self.chosen: List[int] = []
+
+    def start(self, rows: int, max_depth: int, costs=None) -> None:
+        super().start(rows, max_depth)
+        self.cycle = 0
+
+    def depth(self) -> int:
+        d = min(self.depths[self.cycle % len(self.depths)], self.max_depth)
+        self.cycle += 1
+        self.chosen.append(d)
+        return d
+
+
+def expected_committed(acceptance: Sequence[float], depth: int) -> float:
+    """E(d) = 1 + sum_{i<=d} prod_{j<=i} a[j]: the tokens a cycle verifying `depth` drafts
+    commits in expectation (acceptance[j - 1] = a[j])."""
+    total, survive = 1.0, 1.0
+    for a in acceptance[:depth]:
+        survive *= a
+        total += survive
+    return total
+
+
+class AdaptiveDepth:
+    """d* = argmax_d sum_r E_r(d) / C(d) each cycle (module docstring), from running averages of
+    each row's conditional acceptance and the cost curve `start` is given (C(d), d = 0..D, at the
+    batch's size)."""
+
+    needs_costs = True
+
+    def __init__(self, alpha: float = ALPHA, probe_budget: float = PROBE_BUDGET):
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+        if not 0 < probe_budget <= 1:
+            raise ValueError(f"probe_budget must be in (0, 1], got {probe_budget!r}")
+        self.alpha = alpha
+        self.probe_budget = probe_budget
+        self.costs: List[float] = []
+        self.cost_curve = None  # rows -> costs, when the batch's cost changes as rows finish
+        self.rows: List[List[float]] = []    # per active row: a[j] estimates
+        self.counts: List[List[int]] = []    # per active row: observations of a[j] so far
+        self.max_depth = 0
+        self.cycle = 0
+        self.since_probe = 0
+        self.chosen: List[int] = []
+
+    def start(self, rows: int, max_depth: int, costs=None) -> None:
+        """`costs`: C(d) for d = 0..max_depth, or a callable giving them for a number of rows."""
+        if costs is None:
+            raise ValueError("AdaptiveDepth needs the batch's cost curve (a CostTable's costs)")
+        self.cost_curve = costs if callable(costs) else None
+        self.costs = list(costs(rows)) if callable(costs) else list(costs)
+        if len(self.costs) < max_depth + 1 or not all(c > 0 and math.isfinite(c) for c in self.costs):
+            raise ValueError(f"costs must give a finite cost > 0 for every depth 0..{max_depth}, got {self.costs}")
+        self.max_depth = max_depth
+        self.rows = [[PRIOR_ACCEPTANCE] * max_depth for _ in range(rows)]
+        self.counts = [[0] * max_depth for _ in range(rows)]
+        self.cycle = 0
+        self.since_probe = 0
+        self.chosen = []
+
+    def best_depth(self) -> int:
+        """argmax_d of the expected committed tokens per second over the active rows."""
+        best, best_rate = 0, -1.0
+        for d in range(self.max_depth + 1):
+            committed = sum(expected_committed(row, d) for row in self.rows)
+            rate = committed / self.costs[d]
+            if rate > best_rate * (1 + 1e-9):
+                best, best_rate = d, rate
+        return best
+
+    def probe_interval(self, best: int) -> int:
+        """Cycles between probes one position deeper than `best`: what a probe costs over a cycle
+        at `best`, spread so that probing costs at most `probe_budget` of the time."""
+        extra = self.costs[best + 1] / self.costs[best] - 1
+        return int(min(MAX_PROBE_INTERVAL, max(MIN_PROBE_INTERVAL, math.ceil(extra / self.probe_budget))))
+
+    def depth(self) -> int:
+        d = self.best_depth()
+        self.since_probe += 1
+        if d < self.max_depth and self.since_probe >= self.probe_interval(d):
+            d, self.since_probe = d + 1, 0
+        self.cycle += 1
+        self.chosen.append(d)
+        return d
+
+    def observe(self, depth: int, acceptance: Sequence[Sequence[float]]) -> None:
+        """acceptance[r][j - 1]: row r's conditional acceptance a[j] as this cycle measured it,
+        for the positions j <= depth it verified (NaN where the cycle says nothing of j)."""
+        if len(acceptance) != len(self.rows):
+            raise ValueError(f"acceptance has {len(acceptance)} rows, the controller tracks {len(self.rows)}")
+        for estimates, counts, observed in zip(self.rows, self.counts, acceptance):
+            for j, a in enumerate(observed[:depth]):
+                if math.isnan(a):
+                    continue
+                counts[j] += 1
+                estimates[j] += max(1 / (counts[j] + PRIOR_WEIGHT), self.alpha) * (a - estimates[j])
+
+    def select(self, keep: Sequence[int]) -> None:
+        self.rows = [self.rows[i] for i in keep]
+        self.counts = [self.counts[i] for i in keep]
+        if self.cost_curve is not None and keep:
+            self.costs = list(self.cost_curve(len(keep)))
+
+
+# ------------------------------------------------------------------------------------------------
+# the cost table
+
+COST_TABLE_VERSION = 1
+
+
+@dataclass
+class CostTable:
+    """Seconds per cycle by depth: `chain[n][d]` for greedy-branch verification at batch size n
+    (d = 0..D), `tree[d]` for trie verification capped at depth d (one prompt). `key` names what
+    it was measured for (machine, models, dtype, settings: `cost_key`)."""
+    key: Dict[str, object] = field(default_factory=dict)
+    chain: Dict[int, List[float]] = field(default_factory=dict)
+    tree: Optional[List[float]] = None
+
+    def chain_costs(self, rows: int) -> List[float]:
+        """C(rows, d) for every d: measured, or linear between the measured batch sizes around
+        `rows` (beyond the largest, in proportion to the rows)."""
+        if not self.chain:
+            raise ValueError("the cost table has no greedy-branch costs (calibrate it first)")
+        if rows in self.chain:
+            return list(self.chain[rows])
+        sizes = sorted(self.chain)
+        below = [n for n in sizes if n < rows]
+        above = [n for n in sizes if n > rows]
+        if not above:
+            n = below[-1]
+            return [c * rows / n for c in self.chain[n]]
+        if not below:
+            return list(self.chain[above[0]])
+        lo, hi = below[-1], above[0]
+        w = (rows - lo) / (hi - lo)
+        return [a + w * (b - a) for a, b in zip(self.chain[lo], self.chain[hi])]
+
+    def to_json(self) -> dict:
+        return {"version": COST_TABLE_VERSION, "key": self.key,
+                "chain": {str(n): costs for n, costs in sorted(self.chain.items())}, "tree": self.tree}
+
+    @classmethod
+    def from_json(cls, data: dict, source: str = "cost table") -> "CostTable":
+        if not isinstance(data, dict) or data.get("version") != COST_TABLE_VERSION:
+            raise ValueError(f"{source}: not a dblast cost table of version {COST_TABLE_VERSION}")
+        try:
+            chain = {int(n): [float(c) for c in costs] for n, costs in (data.get("chain") or {}).items()}
+            tree = None if data.get("tree") is None else [float(c) for c in data["tree"]]
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{source}: malformed costs ({error})") from None
+        for costs in list(chain.values()) + ([tree] if tree else []):
+            if not costs or not all(c > 0 and math.isfinite(c) for c in costs):
+                raise ValueError(f"{source}: every cost must be a finite number of seconds > 0, got {costs}")
+        return cls(dict(data.get("key") or {}), chain, tree)
+
+    def save(self, path: str) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+        os.replace(temporary, path)
+
+    @classmethod
+    def load(cls, path: str) -> "CostTable":
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not JSON ({error})") from None
+        return cls.from_json(data, path)
+
+
+def cost_cache_root() -> str:
+    """Where measured cost tables are kept: $DBLAST_COST_CACHE, else ~/.cache/dblast_ext/costs."""
+    return os.environ.get("DBLAST_COST_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dblast_ext",
+                                                                  "costs")
+
+
+def machine_description() -> str:
+    """The processor (or GPU) and thread count a cost table was measured with."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return f"{cpu}; {torch.get_num_threads()} threads"
+
+
+def cost_table_path(key: Dict[str, object]) -> str:
+    """The cache file of the cost table measured for `key`."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(cost_cache_root(), f"costs-{digest}.json")

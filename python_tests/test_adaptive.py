@@ -1,0 +1,320 @@
+"""The adaptive drafting controller (dblast_ext.adaptive): its decisions from acceptance and
+cost, the cost table, the calibration, and the decode loop under a controller that changes the
+depth every cycle (0 included): greedy output equals the target's, sampled tokens follow the
+target's distribution, drafting resumes after plain steps with the drafter's context complete."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from dblast_ext import adaptive, cost_calibration  # noqa: E402
+from dblast_ext.adaptive import (AdaptiveDepth, CostTable, FixedDepth, ScriptedDepth,  # noqa: E402
+                                 expected_committed)
+from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
+from decoding_cases import (MASK, SMALL_PROMPT, SMALL_VOCAB, BatchOracleProposer, exact_prefix_joint,  # noqa: E402
+                            hf_greedy, make_decoder, oracle_decoder)
+from losslessness import chi_square_pvalue  # noqa: E402
+
+PROMPTS = [[3, 17, 42, 8, 25], [9, 4], [60, 61, 62, 63, 64, 65, 66, 67, 68], [11, 5, 7]]
+# a controller that changes depth every cycle, plain steps included (block 4: depths 0..3)
+SWITCHING = [3, 0, 1, 0, 0, 2, 3, 1]
+FULL = pytest.mark.slow
+
+
+# ------------------------------------------------------------------ the decision
+
+
+def test_expected_committed_counts_the_bonus_token_and_each_survival():
+    assert expected_committed([0.5, 0.5, 0.5], 0) == 1.0
+    assert expected_committed([0.5, 0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_committed([1.0, 0.0, 1.0], 3) == pytest.approx(2.0)
+
+
+def observe_rows(controller, rows, depth, acceptance, cycles):
+    for _ in range(cycles):
+        controller.depth()
+        controller.observe(depth, [list(acceptance)[:depth]] * rows)
+
+
+def test_it_drafts_the_whole_block_when_drafts_are_accepted_and_cycles_are_cheap():
+    controller = AdaptiveDepth()
+    controller.start(1, 7, [1.0, 1.2, 1.25, 1.3, 1.35, 1.4, 1.45, 1.5])
+    observe_rows(controller, 1, 7, [0.9] * 7, 20)
+    assert controller.depth() == 7
+
+
+def test_it_decodes_plainly_when_drafts_are_rejected_and_probes_within_its_budget():
+    controller = AdaptiveDepth()
+    costs = [1.0, 1.1, 1.2, 1.3]
+    controller.start(1, 3, costs)
+    observe_rows(controller, 1, 3, [0.0] * 3, 30)
+    depths = [controller.depth() for _ in range(200)]
+    assert depths.count(0) >= len(depths) - len(depths) // adaptive.MIN_PROBE_INTERVAL
+    probes = [d for d in depths if d]
+    assert probes and set(probes) == {1}  # one position deeper than the best, now and then
+    # in expectation probing costs at most the budget
+    spent = sum(costs[d] for d in depths) / (len(depths) * costs[0]) - 1
+    assert spent <= adaptive.PROBE_BUDGET + 1e-9
+
+
+def test_a_depth_that_became_good_again_is_found():
+    controller = AdaptiveDepth()
+    controller.start(1, 3, [1.0, 1.1, 1.2, 1.3])
+    observe_rows(controller, 1, 3, [0.0] * 3, 10)
+    assert controller.depth() == 0
+    for _ in range(200):  # the text became predictable: each probe reports it
+        d = controller.depth()
+        controller.observe(d, [[0.95] * d])
+    assert controller.depth() == 3
+
+
+def test_a_batch_decodes_plainly_where_verification_costs_more_than_it_commits():
+    controller = AdaptiveDepth()
+    controller.start(16, 3, [1.0, 2.5, 3.5, 4.5])  # a big batch: every verified position costs as much as a step
+    observe_rows(controller, 16, 3, [0.6] * 3, 6)
+    assert controller.best_depth() == 0
+    cheap = AdaptiveDepth()
+    cheap.start(16, 3, [1.0, 1.1, 1.2, 1.3])
+    observe_rows(cheap, 16, 3, [0.6] * 3, 6)
+    assert cheap.best_depth() == 3
+
+
+def test_rows_that_finish_leave_the_decision_and_the_batch_cost_follows_the_rows():
+    table = CostTable(chain={1: [1.0, 1.1, 1.2], 4: [1.0, 3.0, 5.0]})
+    controller = AdaptiveDepth()
+    controller.start(4, 2, table.chain_costs)
+    controller.observe(2, [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.9, 0.9]])
+    assert controller.best_depth() == 0
+    controller.select([3])  # only the predictable row goes on: batch 1's costs
+    assert controller.costs == [1.0, 1.1, 1.2] and controller.best_depth() == 2
+
+
+def test_the_same_observations_give_the_same_depths():
+    runs = []
+    for _ in range(2):
+        controller = AdaptiveDepth()
+        controller.start(2, 3, [1.0, 1.2, 1.3, 1.5])
+        rng = np.random.default_rng(0)
+        chosen = []
+        for _ in range(100):
+            d = controller.depth()
+            chosen.append(d)
+            controller.observe(d, rng.uniform(size=(2, d)).tolist())
+        runs.append(chosen)
+    assert runs[0] == runs[1] and len(set(runs[0])) > 1
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: AdaptiveDepth(alpha=0), "alpha"),
+    (lambda: AdaptiveDepth(probe_budget=1.5), "probe_budget"),
+    (lambda: FixedDepth(-1), "depth"),
+    (lambda: ScriptedDepth([]), "depths"),
+    (lambda: AdaptiveDepth().start(1, 3, [1.0, 1.0]), "costs"),
+    (lambda: AdaptiveDepth().start(1, 1, [1.0, float("nan")]), "costs"),
+])
+def test_bad_controller_settings_are_named(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+# ------------------------------------------------------------------ the cost table
+
+
+def test_batch_costs_are_interpolated_between_measured_sizes():
+    table = CostTable(chain={1: [1.0, 2.0], 4: [4.0, 8.0]})
+    assert table.chain_costs(1) == [1.0, 2.0]
+    assert table.chain_costs(2) == pytest.approx([2.0, 4.0])
+    assert table.chain_costs(8) == pytest.approx([8.0, 16.0])  # beyond: in proportion to the rows
+
+
+def test_a_cost_table_round_trips_and_bad_files_are_named(tmp_path):
+    table = CostTable({"machine": "m"}, {1: [0.01, 0.02], 2: [0.02, 0.03]}, [0.01, 0.05])
+    path = str(tmp_path / "costs.json")
+    table.save(path)
+    again = CostTable.load(path)
+    assert again.chain == table.chain and again.tree == table.tree and again.key == table.key
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json: not JSON"):
+        CostTable.load(str(bad))
+    bad.write_text(json.dumps({"version": 99}))
+    with pytest.raises(ValueError, match="bad.json: not a dblast cost table"):
+        CostTable.load(str(bad))
+    bad.write_text(json.dumps({"version": 1, "chain": {"1": [0.01, -1]}}))
+    with pytest.raises(ValueError, match="bad.json: every cost"):
+        CostTable.load(str(bad))
+
+
+def test_the_decoder_names_a_bad_controller_or_cost_table(tmp_path):
+    with pytest.raises(ValueError, match="controller must be one of adaptive, off"):
+        make_decoder(tmp_path, controller="sometimes")
+    with pytest.raises(TypeError, match="controller"):
+        make_decoder(tmp_path, controller=object())
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        make_decoder(tmp_path, cost_table=str(tmp_path / "missing.json"))
+    with pytest.raises(TypeError, match="cost_table"):
+        make_decoder(tmp_path, cost_table={"chain": {}})
+
+
+def test_calibration_times_every_depth_and_is_cached_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("DBLAST_COST_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cost_calibration, "_LOADED", {})
+    timed = []
+    real = cost_calibration._time_cycles
+    monkeypatch.setattr(cost_calibration, "_time_cycles",
+                        lambda dec, rows, tree, repeats: timed.append((rows, tree)) or real(dec, rows, tree, repeats))
+    dec = make_decoder(tmp_path, branches=2, block_size=4, controller="adaptive")
+    dec.generate_batch(PROMPTS[:3], SamplingParams(1.0), max_new_tokens=6)
+    assert timed == [(1, False), (2, False), (4, False)]  # powers of two up to the batch, before it ran
+    files = list((tmp_path / "cache").iterdir())
+    assert len(files) == 1
+    table = CostTable.load(str(files[0]))
+    assert sorted(table.chain) == [1, 2, 4] and all(len(c) == 4 and min(c) > 0 for c in table.chain.values())
+    assert table.key["block_size"] == 4 and table.key["verify"] == "branch"
+    dec.generate(PROMPTS[0], SamplingParams(1.0), max_new_tokens=6)
+    monkeypatch.setattr(cost_calibration, "_LOADED", {})  # a new process reads the file: nothing timed again
+    make_decoder(tmp_path, branches=2, block_size=4, controller="adaptive").generate(PROMPTS[0], max_new_tokens=4)
+    assert timed == [(1, False), (2, False), (4, False)]
+    # the trie has a curve of its own
+    tree = make_decoder(tmp_path, branches=2, block_size=4, verify="tree", controller="adaptive")
+    tree.prepare()
+    assert timed[-1] == (1, True)
+
+
+def test_a_given_cost_table_is_used_as_it_is_and_gives_reproducible_output(tmp_path):
+    table = CostTable(chain={1: [1.0, 1.05, 1.1, 1.15]}, tree=[1.0, 1.05, 1.1, 1.15])
+    dec = make_decoder(tmp_path, branches=2, block_size=4, cost_table=table, controller="adaptive")
+    sampling = SamplingParams(1.0, 20, 0.9)
+    first = dec.generate(PROMPTS[0], sampling, max_new_tokens=30, seed=5)
+    again = dec.generate(PROMPTS[0], sampling, max_new_tokens=30, seed=5)
+    assert first.token_ids == again.token_ids
+    assert [c.drafts for c in first.cycles] == [c.drafts for c in again.cycles]
+    assert all(0 <= c.drafts <= 3 for c in first.cycles)
+
+
+# ------------------------------------------------------------------ the loop under any depth
+
+
+def batch_oracle(dec, branches, prompts, controller):
+    oracle = BatchOracleProposer(dec, branches, prompts)
+    return SpeculativeDecoder(dec.target.model, proposer=oracle, target_cache=dec.target_cache,
+                              controller=controller), oracle
+
+
+@pytest.mark.parametrize("target_cache", ["dynamic", "static"])
+def test_greedy_output_equals_the_targets_under_a_switching_controller(tmp_path, target_cache):
+    """Depth changing every cycle, plain steps included, drafts the target accepts: greedy
+    output is the target's, every cycle's commit is what its depth allows, and the proposer is
+    given every committed token's features exactly once (the oracle asserts it), plain steps'
+    included, so drafting resumes without a new prefill."""
+    dec = make_decoder(tmp_path, "qwen3", 2, block_size=4, target_cache=target_cache)
+    expected = [hf_greedy(dec.target.model, p, 30) for p in PROMPTS]
+    script = ScriptedDepth(SWITCHING)
+    batch_dec, oracle = batch_oracle(dec, 2, PROMPTS, script)
+    outs = batch_dec.generate_batch(PROMPTS, SamplingParams(temperature=0.0), max_new_tokens=30,
+                                    on_tokens=oracle.on_tokens)
+    assert [o.token_ids for o in outs] == expected
+    for out in outs:
+        assert [c.drafts for c in out.cycles] == script.chosen[: len(out.cycles)]
+        assert all(c.num_accepted <= c.drafts for c in out.cycles)
+        assert any(c.num_accepted == 3 for c in out.cycles) and any(c.drafts == 0 for c in out.cycles)
+    # the real drafter and the adaptive controller (with a cost table that makes it switch)
+    table = CostTable(chain={n: [1.0, 1.3, 1.6, 1.9] for n in (1, 2, 4)})
+    adaptive_dec = make_decoder(tmp_path, "qwen3", 2, block_size=4, target_cache=target_cache, cost_table=table,
+                                controller="adaptive")
+    plain = adaptive_dec.generate_batch(PROMPTS, SamplingParams(temperature=0.0), max_new_tokens=30)
+    assert [o.token_ids for o in plain] == expected
+
+
+def test_trie_greedy_output_equals_the_targets_under_a_switching_controller(tmp_path):
+    dec = make_decoder(tmp_path, "qwen3", 4, block_size=4)
+    expected = hf_greedy(dec.target.model, PROMPTS[0], 30)
+    tree_dec, oracle = oracle_decoder(dec, 4, PROMPTS[0], verify="tree", controller=ScriptedDepth(SWITCHING))
+    out = tree_dec.generate(PROMPTS[0], SamplingParams(temperature=0.0), max_new_tokens=30,
+                            on_tokens=oracle.on_tokens)
+    assert out.token_ids == expected
+    assert any(c.drafts == 0 for c in out.cycles) and any(c.num_accepted == 3 for c in out.cycles)
+    assert all(c.num_accepted <= c.drafts for c in out.cycles)
+    table = CostTable(tree=[1.0, 1.3, 1.6, 1.9])
+    assert make_decoder(tmp_path, "qwen3", 4, block_size=4, verify="tree", cost_table=table,
+                        controller="adaptive").generate(
+        PROMPTS[0], SamplingParams(temperature=0.0), max_new_tokens=30).token_ids == expected
+
+
+def switching_counts(sampling, samples, verify, length=4):
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as folder:
+        dec = make_decoder(Path(folder), branches=4, block_size=4, vocab=SMALL_VOCAB, mask=MASK, layers=2,
+                           target_layer_ids=(0, 1))
+    with torch.no_grad():  # a peaked target: drafts get accepted, deep positions get reached
+        dec.target.model.lm_head.weight.mul_(12.0)
+    exact = exact_prefix_joint(dec.target.model, SMALL_PROMPT, sampling, length)
+    counts = np.zeros_like(exact)
+    if verify == "batch":
+        rows = [SMALL_PROMPT] * 100
+        for first in range(0, samples, len(rows)):
+            batch_dec, oracle = batch_oracle(dec, 4, rows, ScriptedDepth(SWITCHING[first // 100 % 8:] + SWITCHING))
+            for out in batch_dec.generate_batch(rows, sampling, max_new_tokens=length + 1,
+                                                seeds=range(first, first + len(rows)), on_tokens=oracle.on_tokens):
+                counts[tuple(out.token_ids[:length])] += 1
+        return counts, exact
+    for seed in range(samples):
+        # each seed starts the script at another point, so every position meets every depth
+        script = ScriptedDepth(SWITCHING[seed % len(SWITCHING):] + SWITCHING[: seed % len(SWITCHING)])
+        one, oracle = oracle_decoder(dec, 4, SMALL_PROMPT, ranked=verify == "tree", verify=verify, controller=script)
+        out = one.generate(SMALL_PROMPT, sampling, max_new_tokens=length + 1, seed=seed, on_tokens=oracle.on_tokens)
+        counts[tuple(out.token_ids[:length])] += 1
+    return counts, exact
+
+
+@pytest.mark.parametrize("verify,sampling,samples", [
+    ("branch", SamplingParams(0.7, 6, 0.9), 400),
+    ("batch", SamplingParams(1.0, 6, 0.9), 400),
+    ("tree", SamplingParams(1.5, 6, 0.95), 400),
+    pytest.param("branch", SamplingParams(1.5, 0, 0.9), 2000, marks=FULL),
+    pytest.param("batch", SamplingParams(0.7, 6, 1.0), 2000, marks=FULL),
+    pytest.param("tree", SamplingParams(1.0, 6, 0.9), 2000, marks=FULL),
+])
+def test_committed_tokens_follow_the_targets_distribution_under_a_switching_controller(verify, sampling, samples):
+    counts, exact = switching_counts(sampling, samples, verify)
+    assert counts.sum() == samples and counts[exact == 0].sum() == 0
+    assert chi_square_pvalue(counts.ravel(), exact.ravel() * samples) > 1e-3
+    for position in range(counts.ndim):
+        axes = tuple(a for a in range(counts.ndim) if a != position)
+        assert chi_square_pvalue(counts.sum(axes), exact.sum(axes) * samples) > 1e-3, position
+
+
+def test_a_depth_chosen_from_the_cycles_own_draws_fails_the_distribution_test(monkeypatch):
+    """The test above can fail: a loop that picks the depth after its draws (a plain step
+    whenever this cycle's first uniform is above 1/2, so that uniform then draws the token by
+    inverse CDF from the upper half) is not exact, and the test says so."""
+    real = SpeculativeDecoder._score_and_verify
+
+    def peeking(self, anchors, draft, proposal, branch, uniforms, layout, target_cache, sampling, validate):
+        if float(uniforms[0, 1]) > 0.5:
+            return self._plain_step(anchors, uniforms, layout, target_cache, sampling)
+        return real(self, anchors, draft, proposal, branch, uniforms, layout, target_cache, sampling, validate)
+
+    monkeypatch.setattr(SpeculativeDecoder, "_score_and_verify", peeking)
+    counts, exact = switching_counts(SamplingParams(1.0, 0, 1.0), 400, "branch")
+    with pytest.raises(AssertionError):
+        assert chi_square_pvalue(counts.ravel(), exact.ravel() * 400) > 1e-3
+        for position in range(counts.ndim):
+            axes = tuple(a for a in range(counts.ndim) if a != position)
+            assert chi_square_pvalue(counts.sum(axes), exact.sum(axes) * 400) > 1e-3, position
+
+
+def test_an_adaptive_cycle_still_reads_the_device_once(tmp_path):
+    """The acceptance the controller needs comes with the cycle's one host read."""
+    from test_batched_decoding import HostReads
+
+    table = CostTable(chain={n: [1.0, 1.3, 1.6, 1.9] for n in (1, 2, 4)})
+    dec = make_decoder(tmp_path, "qwen3", 4, block_size=4, controller="adaptive", cost_table=table)
+    with HostReads() as reads:
+        outs = dec.generate_batch(PROMPTS, SamplingParams(1.0, 20, 0.9), max_new_tokens=24, seeds=[1, 2, 3, 4])
+    cycles = max(len(o.cycles) for o in outs)
+    assert cycles >= 5 and len({c.drafts for o in outs for c in o.cycles}) > 1
+    assert len(reads.where) == cycles + 2, reads.where
