@@ -48,21 +48,35 @@ def main() -> int:
     parser.add_argument("--drafter", default="dblast-k4", help="embedded drafter name or directory")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", default=None, help="write every run's figures here (JSON)")
+    parser.add_argument("--batch-schedule", action="store_true",
+                        help="also run the drafter with the per-batch-size schedule `dblast serve` passes "
+                             "(dblast_ext.serving_schedule; measured for the pair first, or read from its cache)")
     args = parser.parse_args()
     target = default_target_dir()
     drafter = embedded_drafter_dir(args.drafter) if not os.path.isdir(args.drafter) else args.drafter
     prompts = chat_prompts(target)
+    engines = [("target alone", None, None), (args.drafter, drafter, None)]
+    if args.batch_schedule:
+        from dblast_ext.cli.common import read_checkpoint_config
+        from dblast_ext.serving_schedule import pair_schedule
+
+        schedule = pair_schedule(target, drafter, read_checkpoint_config(drafter, "--drafter").block_size - 1)
+        print(f"schedule (first, last, drafts): {schedule}", file=sys.stderr)
+        engines.append((f"{args.drafter} + schedule", drafter, schedule))
     rows = []
     for temperature in (0.0, 0.7):
         for batch in (1, 4):
             outputs = {}
-            for label, path in (("target alone", None), (args.drafter, drafter)):
+            for label, path, schedule in engines:
                 spec = dict(target=target, drafter=path, prompts=prompts, temperature=temperature, top_p=0.8,
-                            top_k=20, max_tokens=args.max_tokens, seed=0, batch_size=batch)
+                            top_k=20, max_tokens=args.max_tokens, seed=0, batch_size=batch,
+                            batch_schedule=schedule)
                 result, other_load = timed_run(spec)
                 counters = result["counters"]
                 tokens = sum(len(o) for o in result["outputs"])
-                accepted = (1 + counters["num_accepted_tokens"] / counters["num_drafts"]) if path else None
+                # (a schedule of 0 drafts at this batch size drafts nothing: no acceptance length)
+                accepted = (1 + counters["num_accepted_tokens"] / counters["num_drafts"]
+                            if path and counters.get("num_drafts") else None)
                 rows.append(dict(temperature=temperature, batch=batch, drafter=label, tokens=tokens,
                                  seconds=result["seconds"], tokens_per_second=tokens / result["seconds"],
                                  acceptance_length=accepted, other_load=other_load))
@@ -70,14 +84,17 @@ def main() -> int:
                 print(f"T {temperature} batch {batch} {label}: {tokens / result['seconds']:.1f} tok/s"
                       + (f", acceptance length {accepted:.2f}" if path else ""), file=sys.stderr, flush=True)
             if temperature == 0:
-                rows[-1]["greedy_equal"] = outputs["target alone"] == outputs[args.drafter]
+                for label, _, _ in engines[1:]:
+                    next(r for r in rows[::-1] if r["drafter"] == label)["greedy_equal"] = (
+                        outputs["target alone"] == outputs[label])
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"{time.strftime('%Y-%m-%d')}, max_tokens {args.max_tokens}, float32, enforce_eager; other processes "
           f"kept at most {max(r['other_load'] or 0 for r in rows):.2f} cores busy during the runs\n")
     print("| T | requests in flight | engine | output tok/s | vs target alone | mean acceptance length |")
     print("| ---: | ---: | --- | ---: | ---: | ---: |")
-    for i, row in enumerate(rows):
-        base = rows[i - 1] if row["acceptance_length"] is not None else row
+    for row in rows:
+        base = next(r for r in rows if r["drafter"] == "target alone" and (r["temperature"], r["batch"])
+                    == (row["temperature"], row["batch"]))
         ratio = row["tokens_per_second"] / base["tokens_per_second"]
         length = "" if row["acceptance_length"] is None else f"{row['acceptance_length']:.2f}"
         print(f"| {row['temperature']} | {row['batch']} | {row['drafter']} | {row['tokens_per_second']:.1f} | "

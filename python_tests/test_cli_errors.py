@@ -426,3 +426,37 @@ def test_tree_verification_reaches_model_loading(files, subcommand):
     with pytest.raises(ModelLoaded):
         main([*every_model_subcommand(files)[subcommand], "--verify", "tree", "--max-tree-nodes", "8",
               "--extra-leaves", "2"])
+
+
+# the adaptive controller's flags
+
+
+def test_a_missing_or_damaged_cost_table_is_named_before_loading(files, capsys):
+    missing = str(files["root"] / "no-costs.json")
+    fails_cleanly(capsys, ["generate", *model_flags(files), "--prompt", "t5", "--cost-table", missing],
+                  "--cost-table", "no-costs.json", "no such file")
+    damaged = files["root"] / "damaged-costs.json"
+    damaged.write_text("{not json")
+    fails_cleanly(capsys, ["generate", *model_flags(files), "--prompt", "t5", "--cost-table", str(damaged)],
+                  "damaged-costs.json", "not JSON")
+    fails_cleanly(capsys, ["generate", *model_flags(files), "--prompt", "t5", "--controller", "off",
+                           "--cost-table", str(damaged)], "--cost-table", "--controller off")
+
+
+def test_calibrate_cost_names_bad_batch_sizes_before_loading(files, capsys):
+    fails_cleanly(capsys, ["calibrate", "--cost", *model_flags(files), "--out", str(files["root"] / "costs"),
+                           "--batch-sizes", "1,0"], "--batch-sizes", "'1,0'")
+
+
+@pytest.mark.parametrize("argv,controller", [
+    (["generate", "--prompt", "t5"], "adaptive"), (["eval", "--datasets", "x", "--out", "o"], "off"),
+    (["eval", "--datasets", "x", "--out", "o", "--measure-speedup"], "adaptive"),
+    (["generate", "--prompt", "t5", "--controller", "off"], "off"),
+    (["calibrate", "--datasets", "x", "--out", "o"], "off"),
+])
+def test_the_controller_is_adaptive_where_speed_is_the_point(argv, controller):
+    from dblast_ext.cli import build_parser
+    from dblast_ext.cli.common import controller_of
+
+    args = build_parser().parse_args([argv[0], "--drafter", "d", *argv[1:]])
+    assert controller_of(args) == controller

@@ -1,11 +1,13 @@
 """The parts of the vLLM plugin that need no vLLM: the branch choice, the chosen branch's states,
-the CPU expand-kernel mend, what save_pretrained writes for vLLM, and that importing the plugin
-package leaves vLLM unimported. The plugin inside vLLM is tested in test_vllm.py."""
+the CPU expand-kernel mend, what save_pretrained writes for vLLM, that importing the plugin
+package leaves vLLM unimported, and the per-batch-size schedule `dblast serve` passes. The plugin
+inside vLLM is tested in test_vllm.py."""
 import json
 import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from dblast_ext import load_drafter, reference, save_pretrained
@@ -101,3 +103,45 @@ def test_importing_the_plugin_package_does_not_import_vllm():
     # from a neutral folder: a source checkout in the working directory would shadow the built package
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_the_batch_schedule_drafts_where_it_pays_and_covers_every_batch_size():
+    from dblast_ext.adaptive import CostTable
+    from dblast_ext.serving_schedule import batch_schedule
+
+    # a cycle verifying d drafts costs 1 + 0.05 d steps at batch 1, 1 + 0.5 d at batch 16
+    table = CostTable(chain={1: [1.0 + 0.05 * d for d in range(8)], 16: [1.0 + 0.5 * d for d in range(8)]})
+    schedule = batch_schedule(table, [0.7] * 7, 7)
+    assert schedule[0][:2] == [1, 1] and schedule[0][2] >= 5 and schedule[-1][1] == 2 ** 31 - 1
+    assert schedule[-1][2] == 0  # big batches: plain decoding
+    assert all(a[1] + 1 == b[0] for a, b in zip(schedule, schedule[1:]))  # contiguous, no overlap
+    assert [r[2] for r in schedule] == sorted((r[2] for r in schedule), reverse=True)
+    capped = batch_schedule(table, [0.7] * 7, 3)
+    assert max(r[2] for r in capped) <= 3
+    with pytest.raises(ValueError, match="acceptance"):
+        batch_schedule(table, [0.7, 1.5], 2)
+
+
+def test_dblast_serve_passes_the_schedule_in_the_speculative_config():
+    import json
+
+    from dblast_ext.cli import build_parser
+    from dblast_ext.cli.serve import serve_command
+
+    args = build_parser().parse_args(["serve", "--drafter", "dblast-k4", "--num-speculative-tokens", "3"])
+    argv, _ = serve_command(args, [[1, 2, 3], [3, 2 ** 31 - 1, 0]])
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert config["num_speculative_tokens"] == 3
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 2 ** 31 - 1, 0]]
+    argv, _ = serve_command(args)
+    assert "num_speculative_tokens_per_batch_size" not in json.loads(argv[argv.index("--speculative-config") + 1])
+
+
+def test_the_pairs_acceptance_is_measured_over_every_position(tmp_path):
+    from decoding_cases import make_decoder
+    from dblast_ext.serving_schedule import measure_acceptance
+
+    dec = make_decoder(tmp_path, branches=2, block_size=4, controller="adaptive")
+    rates = measure_acceptance(dec, [[3, 17, 42, 8, 25], [9, 4]], max_new_tokens=12)
+    assert len(rates) == 3 and all(0 <= r <= 1 for r in rates)
+    assert dec.controller == "adaptive"

@@ -35,13 +35,20 @@ def add_parser(subparsers) -> None:
                         "ranks first; > 0 draws a branch from the prior tempered by Z_T")
     p.add_argument("--branch-seed", type=int, default=0,
                    help="seed of the branch draws at --category-temperature > 0 (default %(default)s)")
+    p.add_argument("--batch-schedule", choices=("auto", "off"), default="auto",
+                   help="auto (the default): where the installed vLLM takes a per-batch-size number of drafts "
+                        "(num_speculative_tokens_per_batch_size), pass one measured for the pair on this machine "
+                        "(the adaptive controller's decision by the number of requests in flight, 0 where drafting "
+                        "does not pay; measured once and cached; docs/serving.md); off: draft the same number at "
+                        "every batch size")
     p.add_argument("--dry-run", action="store_true", help="print the vllm command instead of running it")
     p.add_argument("vllm_args", nargs="*", metavar="-- VLLM_ARGS",
                    help="arguments for `vllm serve`, after a `--`")
 
 
-def serve_command(args) -> tuple:
-    """(argv, environment additions) of the `vllm serve` run `args` ask for."""
+def serve_command(args, schedule=None) -> tuple:
+    """(argv, environment additions) of the `vllm serve` run `args` ask for; `schedule`: vLLM's
+    num_speculative_tokens_per_batch_size ([[first, last, drafts], ...]) or None."""
     target = resolve_target(args.target)
     check_target_path(target)
     parsed = read_checkpoint_config(args.drafter, "--drafter")  # the package's reader: block, branches, checks
@@ -63,6 +70,8 @@ def serve_command(args) -> tuple:
     if args.category_temperature > 0 and branches == 1:
         raise ValueError("--category-temperature chooses among a DBLast drafter's branches; this drafter has one")
     speculative = {"method": "dflash", "model": drafter, "num_speculative_tokens": drafts}
+    if schedule is not None:
+        speculative["num_speculative_tokens_per_batch_size"] = schedule
     extra = list(args.vllm_args)
     if extra[:1] == ["--"]:
         extra = extra[1:]
@@ -77,8 +86,31 @@ def serve_command(args) -> tuple:
     return argv, env
 
 
+def drafts_and_dirs(args) -> tuple:
+    """(drafts per step, target directory, drafter directory) as serve_command resolves them."""
+    argv, _ = serve_command(args)
+    speculative = json.loads(argv[argv.index("--speculative-config") + 1])
+    return speculative["num_speculative_tokens"], argv[2], speculative["model"]
+
+
+def measured_schedule(args):
+    """--batch-schedule auto: the pair's schedule where the installed vLLM takes one (else None,
+    saying why on stderr)."""
+    from ..serving_schedule import pair_schedule, vllm_has_batch_schedule
+
+    if args.batch_schedule == "off":
+        return None
+    if not vllm_has_batch_schedule():
+        print("dblast serve: the installed vLLM has no per-batch-size speculation setting "
+              "(num_speculative_tokens_per_batch_size): every step drafts the same number", file=sys.stderr)
+        return None
+    drafts, target, drafter = drafts_and_dirs(args)
+    return pair_schedule(target, drafter, drafts)
+
+
 def run(args) -> int:
-    argv, env = serve_command(args)
+    serve_command(args)  # the checks, before anything is measured
+    argv, env = serve_command(args, measured_schedule(args))
     if args.dry_run:
         print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, argv)]))
         return 0

@@ -7,7 +7,8 @@ SPEC holds `target` (a directory), `drafter` (a directory or null), `prompts` (l
 ids), `temperature`, `top_p`, `top_k`, `max_tokens`, `seed` (request i uses seed + i), and
 optionally `num_speculative_tokens` (default: the drafter's block size - 1), `batch_size`
 (requests in flight at once, default all), `dtype` (default float32), `record_drafts` (how many
-of the drafter's first proposals to return, DBLast drafters only). The result holds `outputs`
+of the drafter's first proposals to return, DBLast drafters only), `batch_schedule` (vLLM's
+num_speculative_tokens_per_batch_size, dblast_ext.serving_schedule). The result holds `outputs`
 (token ids per prompt), `seconds` (generation wall time, engine start excluded), `counters`
 (vLLM's spec_decode counters) and `drafts`.
 
@@ -103,6 +104,8 @@ def generate(spec: dict) -> dict:
             block = json.load(f).get("block_size", 16)
         speculative = {"method": "dflash", "model": spec["drafter"],
                        "num_speculative_tokens": spec.get("num_speculative_tokens") or block - 1}
+        if spec.get("batch_schedule"):
+            speculative["num_speculative_tokens_per_batch_size"] = spec["batch_schedule"]
         if spec.get("record_drafts"):
             _draft_recorder(spec["record_drafts"], drafts)
     prompts = spec["prompts"]

@@ -1,7 +1,8 @@
 """The adaptive controller's results page (results/smollm2/adaptive/README.md) from the runs of
 recipes/smollm2/adaptive_speed.sh: the speed-up over the target alone of every dataset and
 temperature with the controller on and off (side by side in one sitting), the batch table, a
-plot of the speed-up per cell, and a plot of the depth the controller chose over responses.
+plot of the speed-up per cell, and a plot of the depth the controller chose over responses; and
+the README's adaptive rows (between its adaptive-results markers).
 
     python recipes/smollm2/adaptive_report.py --runs runs/adaptive-speed --out results/smollm2/adaptive
 """
@@ -27,6 +28,7 @@ def parse_args():
     p.add_argument("--runs", required=True, help="adaptive_speed.sh's OUT")
     p.add_argument("--out", required=True)
     p.add_argument("--arm", default="dblast-k4")
+    p.add_argument("--readme", default="README.md", help="the README whose adaptive rows are rewritten")
     return p.parse_args()
 
 
@@ -153,6 +155,33 @@ def main():
     with open(os.path.join(args.out, "README.md"), "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
+    if runs:
+        readme_rows(runs, temperatures, args.readme, os.path.relpath(os.path.join(args.out, "README.md"),
+                                                                        os.path.dirname(args.readme)))
+
+
+def readme_rows(runs, temperatures, readme: str, page: str) -> None:
+    """The README's table of the speed phase with the controller on and off."""
+    begin, end = "<!-- adaptive-results:begin -->", "<!-- adaptive-results:end -->"
+    with open(readme) as f:
+        text = f.read()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{readme}: no {begin} ... {end} block to fill")
+    rows = ["| temperature | adaptive: mean of 4 datasets (worst dataset) | fixed: mean (worst) |",
+            "| --- | ---: | ---: |"]
+    for t in temperatures:
+        cells = []
+        for controller in CONTROLLERS:
+            summary = runs.get((t, controller))
+            values = [summary["datasets"][d]["speedup"] for d in DATASETS] if summary else []
+            cells.append(f"{sum(values) / len(values):.2f}x ({min(values):.2f}x)" if values else "")
+        rows.append(f"| {t} | " + " | ".join(cells) + " |")
+    rows.append(f"\nSpeed-up over SmolLM2 alone with `dblast-k4` at the CPU defaults, the adaptive controller "
+                f"(the default) against every pass verifying the whole block, run back to back; [{page}]({page}).")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with open(readme, "w") as f:
+        f.write(head + begin + "\n" + "\n".join(rows) + "\n" + end + tail)
 
 
 if __name__ == "__main__":
