@@ -50,7 +50,8 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="write every run's figures here (JSON)")
     parser.add_argument("--batch-schedule", action="store_true",
                         help="also run the drafter with the per-batch-size schedule `dblast serve` passes "
-                             "(dblast_ext.serving_schedule; measured for the pair first, or read from its cache)")
+                             "(dblast_ext.serving_schedule; measured for the pair first, or read from its cache; "
+                             "DFlash drafters only, e.g. --drafter dflash-k1)")
     args = parser.parse_args()
     target = default_target_dir()
     drafter = embedded_drafter_dir(args.drafter) if not os.path.isdir(args.drafter) else args.drafter
@@ -60,7 +61,11 @@ def main() -> int:
         from dblast_ext.cli.common import read_checkpoint_config
         from dblast_ext.serving_schedule import pair_schedule
 
-        schedule = pair_schedule(target, drafter, read_checkpoint_config(drafter, "--drafter").block_size - 1)
+        config = read_checkpoint_config(drafter, "--drafter")
+        if config.num_branches > 1:
+            parser.error("--batch-schedule: vLLM takes a per-batch-size schedule with a DFlash drafter only (the "
+                         "DBLast plugin drafts a fixed number); use --drafter dflash-k1")
+        schedule = pair_schedule(target, drafter, config.block_size - 1)
         print(f"schedule (first, last, drafts): {schedule}", file=sys.stderr)
         engines.append((f"{args.drafter} + schedule", drafter, schedule))
     rows = []

@@ -15,19 +15,19 @@ drafts 1..j-1 were (its conditional acceptance). Each cycle the controller verif
 (ties: the shallower), so at a batch size or a temperature where verification costs more than
 it commits, d* = 0 and the loop decodes plainly. The signals:
 - a_r[j]: a running average over the cycles that verified position j, starting from a prior
-  of PRIOR_ACCEPTANCE worth PRIOR_WEIGHT observations (the mean of the first observations and the
-  prior, then an exponential average with weight ALPHA, so it follows a response whose
-  predictability changes). Each observation is an acceptance probability, not a 0/1
+  of PRIOR_ACCEPTANCE worth PRIOR_WEIGHT observations, in which every observation's weight fades by
+  ALPHA per cycle (so it follows a response whose predictability changes, and a position not
+  verified for a while is quickly re-learnt). Each observation is an acceptance probability, not a 0/1
   outcome: greedy-branch verification reports min(1, p / q) at every verified position
   (`VerifyResult.accept_probs`), trie verification the walk's chance of reaching each depth
   (`TrieWalk.depth_reach`), so one cycle informs every position it verified.
 - C(n, d): a `CostTable`, measured once per machine, model pair, dtype and decoding settings by
   timing the decode loop itself (`calibrate_costs`), cached on disk (`cost_table_path`) and
   never re-timed during a generation.
-Bounded exploration: every `probe_interval` cycles a cycle verifies one position deeper than d*
-(what changed there can only be seen by verifying it), at most PROBE_BUDGET of the time in
-expectation; a probe from d* = 0 runs the drafter, which then catches up on every committed
-token's features in one pass (no new prefill).
+Bounded exploration: every `probe_interval` cycles a cycle verifies deeper than d* (what changed
+there can only be seen by verifying it): one position deeper, or more where they cost little more
+(`probe_depth`), at most PROBE_BUDGET of the time in expectation; a probe from d* = 0 runs the
+drafter, which then catches up on every committed token's features in one pass (no new prefill).
 
 Exactness: the depth is chosen before the cycle draws anything and depends only on earlier
 cycles (what they committed and the acceptance probabilities they reported) and the cost table.
@@ -47,18 +47,27 @@ from typing import Dict, List, Optional, Protocol, Sequence
 __all__ = ["DepthController", "FixedDepth", "ScriptedDepth", "AdaptiveDepth", "CostTable", "expected_committed",
            "cost_table_path", "CONTROLLERS", "ALPHA", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT", "PROBE_BUDGET"]
 
-# running-average weight of a new observation of a position's acceptance (once the prior and the
-# observations so far weigh 1 / ALPHA), and the prior each position starts from, worth PRIOR_WEIGHT
-# observations: an even chance, which drafts at batch 1 when a cycle costs under about twice a
-# target step and lets the first cycles' measurements decide soon after
+# forgetting rate of the running averages: every cycle what an estimate is worth (in observations)
+# shrinks by this share, so in steady drafting a new observation weighs about ALPHA, and after a
+# stretch without observations (plain steps) a probe's observation weighs more, as stale evidence
+# should; and the prior each position starts from, worth PRIOR_WEIGHT observations: an even
+# chance, which drafts at batch 1 when a cycle costs under about twice a target step and lets the
+# first cycles' measurements decide soon after
 ALPHA = 1 / 16
 PRIOR_ACCEPTANCE = 0.5
 PRIOR_WEIGHT = 2
+# the benefit of the doubt an estimate worth w observations gets: + OPTIMISM / sqrt(w + 1). Chosen on
+# five MT-Bench prompts (the least predictable dataset) with the embedded pair, bfloat16 trie: at
+# T 0.7, 0 gave 0.96x of fixed drafting (plain steps where drafting paid), 0.15 gave 1.00x; at T 1.5,
+# 0.15 gave 1.05x of fixed drafting (recipes/smollm2/logs/adaptive-tuning-2026-12-05.log)
+OPTIMISM = 0.15
 # the share of time exploration may cost in expectation: a probe one position deeper than d* is run
 # every max(MIN_PROBE_INTERVAL, (C(d* + 1) / C(d*) - 1) / PROBE_BUDGET) cycles
 PROBE_BUDGET = 0.02
 MIN_PROBE_INTERVAL = 8
 MAX_PROBE_INTERVAL = 256
+# a probe verifies the deepest depth that costs at most this many times the extra of one position
+PROBE_DEPTH_SLACK = 1.5
 # the names SpeculativeDecoder(controller=...) takes besides a DepthController object
 CONTROLLERS = ("adaptive", "off")
 
@@ -153,7 +162,7 @@ class AdaptiveDepth:
         self.costs: List[float] = []
         self.cost_curve = None  # rows -> costs, when the batch's cost changes as rows finish
         self.rows: List[List[float]] = []    # per active row: a[j] estimates
-        self.counts: List[List[int]] = []    # per active row: observations of a[j] so far
+        self.weights: List[List[float]] = []  # per active row: what a[j]'s estimate is worth, in observations
         self.max_depth = 0
         self.cycle = 0
         self.since_probe = 0
@@ -169,32 +178,48 @@ class AdaptiveDepth:
             raise ValueError(f"costs must give a finite cost > 0 for every depth 0..{max_depth}, got {self.costs}")
         self.max_depth = max_depth
         self.rows = [[PRIOR_ACCEPTANCE] * max_depth for _ in range(rows)]
-        self.counts = [[0] * max_depth for _ in range(rows)]
+        self.weights = [[float(PRIOR_WEIGHT)] * max_depth for _ in range(rows)]
         self.cycle = 0
         self.since_probe = 0
         self.chosen = []
 
     def best_depth(self) -> int:
         """argmax_d of the expected committed tokens per second over the active rows."""
+        committed = [float(len(self.rows))] * (self.max_depth + 1)  # sum_r E_r(d), each row's bonus token
+        for row, weights in zip(self.rows, self.weights):  # E_r(d) - 1 = sum_{i<=d} prod_{j<=i} a[j]
+            survive, reached = 1.0, 0.0
+            for j, a in enumerate(row[: self.max_depth]):
+                # an estimate worth few observations gets the benefit of the doubt (OPTIMISM), so a
+                # position not verified for a while (its weight faded) is tried again
+                survive *= min(1.0, a + OPTIMISM / math.sqrt(weights[j] + 1))
+                reached += survive
+                committed[j + 1] += reached
         best, best_rate = 0, -1.0
         for d in range(self.max_depth + 1):
-            committed = sum(expected_committed(row, d) for row in self.rows)
-            rate = committed / self.costs[d]
+            rate = committed[d] / self.costs[d]
             if rate > best_rate * (1 + 1e-9):
                 best, best_rate = d, rate
         return best
 
+    def probe_depth(self, best: int) -> int:
+        """How deep a probe from `best` verifies: one position deeper, or deeper still while that
+        costs at most PROBE_DEPTH_SLACK times as much extra (where deeper positions are nearly free,
+        as on a CPU in bfloat16, one probe observes them all)."""
+        shallowest = self.costs[best + 1] - self.costs[best]
+        return max(d for d in range(best + 1, self.max_depth + 1)
+                   if self.costs[d] - self.costs[best] <= PROBE_DEPTH_SLACK * shallowest)
+
     def probe_interval(self, best: int) -> int:
-        """Cycles between probes one position deeper than `best`: what a probe costs over a cycle
-        at `best`, spread so that probing costs at most `probe_budget` of the time."""
-        extra = self.costs[best + 1] / self.costs[best] - 1
+        """Cycles between probes from `best`: what a probe costs over a cycle at `best`, spread so
+        that probing costs at most `probe_budget` of the time."""
+        extra = self.costs[self.probe_depth(best)] / self.costs[best] - 1
         return int(min(MAX_PROBE_INTERVAL, max(MIN_PROBE_INTERVAL, math.ceil(extra / self.probe_budget))))
 
     def depth(self) -> int:
         d = self.best_depth()
         self.since_probe += 1
         if d < self.max_depth and self.since_probe >= self.probe_interval(d):
-            d, self.since_probe = d + 1, 0
+            d, self.since_probe = self.probe_depth(d), 0
         self.cycle += 1
         self.chosen.append(d)
         return d
@@ -204,16 +229,19 @@ class AdaptiveDepth:
         for the positions j <= depth it verified (NaN where the cycle says nothing of j)."""
         if len(acceptance) != len(self.rows):
             raise ValueError(f"acceptance has {len(acceptance)} rows, the controller tracks {len(self.rows)}")
-        for estimates, counts, observed in zip(self.rows, self.counts, acceptance):
+        keep = 1 - self.alpha
+        for estimates, weights, observed in zip(self.rows, self.weights, acceptance):
+            for i in range(len(weights)):  # every cycle, observed or not, old evidence counts for less
+                weights[i] *= keep
             for j, a in enumerate(observed[:depth]):
                 if math.isnan(a):
                     continue
-                counts[j] += 1
-                estimates[j] += max(1 / (counts[j] + PRIOR_WEIGHT), self.alpha) * (a - estimates[j])
+                weights[j] += 1
+                estimates[j] += (a - estimates[j]) / weights[j]
 
     def select(self, keep: Sequence[int]) -> None:
         self.rows = [self.rows[i] for i in keep]
-        self.counts = [self.counts[i] for i in keep]
+        self.weights = [self.weights[i] for i in keep]
         if self.cost_curve is not None and keep:
             self.costs = list(self.cost_curve(len(keep)))
 
@@ -235,7 +263,8 @@ class CostTable:
 
     def chain_costs(self, rows: int) -> List[float]:
         """C(rows, d) for every d: measured, or linear between the measured batch sizes around
-        `rows` (beyond the largest, in proportion to the rows)."""
+        `rows` (beyond the largest, along the slope of the last two; with one size, in proportion
+        to the rows)."""
         if not self.chain:
             raise ValueError("the cost table has no greedy-branch costs (calibrate it first)")
         if rows in self.chain:
@@ -243,9 +272,11 @@ class CostTable:
         sizes = sorted(self.chain)
         below = [n for n in sizes if n < rows]
         above = [n for n in sizes if n > rows]
-        if not above:
-            n = below[-1]
-            return [c * rows / n for c in self.chain[n]]
+        if not above:  # beyond the largest: each depth's cost goes on along its last measured slope
+            if len(below) == 1:
+                return [c * rows / below[0] for c in self.chain[below[0]]]
+            lo, hi = below[-2], below[-1]
+            return [b + (rows - hi) * max(0.0, (b - a) / (hi - lo)) for a, b in zip(self.chain[lo], self.chain[hi])]
         if not below:
             return list(self.chain[above[0]])
         lo, hi = below[-1], above[0]
@@ -304,7 +335,8 @@ def machine_description() -> str:
         cpu = names[0] if names else cpu
     except OSError:
         pass
-    return f"{cpu}; {torch.get_num_threads()} threads"
+    gpu = f"; {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu}; {torch.get_num_threads()} threads{gpu}"
 
 
 def cost_table_path(key: Dict[str, object]) -> str:

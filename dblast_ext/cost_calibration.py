@@ -6,7 +6,7 @@ The loop itself is timed: `SpeculativeDecoder`'s own cycles on a synthetic promp
 ids: a cycle's cost does not depend on what the tokens say), with a scripted controller that
 walks through every depth several times; a cycle's cost is the median time between the
 controller's consecutive depth calls at that depth (everything a cycle does, bookkeeping
-included). Batches are measured at powers of two (1, 2, 4, ...) and interpolated between them.
+included), smoothed as a drafter pass plus a cost per verified position (`smooth_costs`). Batches are measured at powers of two (1, 2, 4, ...) and interpolated between them.
 A measured table is cached on disk under a key naming what it was measured for
 (`adaptive.cost_table_path`), so it is measured once per machine, model pair, dtype and settings;
 the decode loop measures what is missing before a generation starts, never during one.
@@ -20,7 +20,7 @@ import torch
 
 from .adaptive import CostTable, ScriptedDepth, cost_table_path, machine_description
 
-__all__ = ["calibrate_costs", "ensure_costs", "cost_key", "CALIBRATION_PROMPT_TOKENS", "CALIBRATION_REPEATS"]
+__all__ = ["calibrate_costs", "ensure_costs", "cached_table", "cost_key", "smooth_costs", "CALIBRATION_PROMPT_TOKENS", "CALIBRATION_REPEATS"]
 
 # the synthetic prompt's length (a typical context for a chat turn) and the times each depth is timed
 CALIBRATION_PROMPT_TOKENS = 128
@@ -67,6 +67,8 @@ def _time_cycles(decoder, rows: int, tree: bool, repeats: int) -> List[float]:
     max_depth = decoder.proposer.block_size - 1
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(decoder.target.vocab_size, (CALIBRATION_PROMPT_TOKENS,), generator=generator).tolist()
+    # rows of different lengths, as real batches are (a ragged layout: masks, and commits that move entries)
+    prompts = [prompt[: CALIBRATION_PROMPT_TOKENS - (i * 7) % (CALIBRATION_PROMPT_TOKENS // 2)] for i in range(rows)]
     schedule = _TimedSchedule(_schedule(max_depth, repeats), WARM_UP_ROUNDS * (max_depth + 1))
     schedule.start(rows, max_depth)
     limit = sum(d + 1 for d in schedule.depths) + 2  # never reached first: each cycle commits at most d + 1
@@ -76,13 +78,28 @@ def _time_cycles(decoder, rows: int, tree: bool, repeats: int) -> List[float]:
             if tree:
                 decoder._generate_tree(prompt, greedy, limit, None, 0, None, schedule)
             else:
-                decoder._generate_batch([prompt] * rows, greedy, limit, None, None, None, schedule)
+                decoder._generate_batch(prompts, greedy, limit, None, None, None, schedule)
     except _ScheduleDone:
         pass
     missing = [d for d in range(max_depth + 1) if not schedule.times.get(d)]
     if missing:
         raise RuntimeError(f"cost calibration timed no cycle at depths {missing}")
-    return [statistics.median(schedule.times[d]) for d in range(max_depth + 1)]
+    return smooth_costs([statistics.median(schedule.times[d]) for d in range(max_depth + 1)])
+
+
+def smooth_costs(medians: Sequence[float]) -> List[float]:
+    """The measured cost curve as the loop's cost model: C(0), a plain step, as measured; for
+    d >= 1 a drafter pass plus d positions verified, C(d) = a + b d, fitted by least squares (b >= 0).
+    Deeper cycles never cost less, and timing noise between depths of nearly equal cost (a trie
+    under a node budget, whose rows hardly change with its depth) no longer decides the depth."""
+    if len(medians) <= 2:
+        return list(medians)
+    depths = list(range(1, len(medians)))
+    mean_d = sum(depths) / len(depths)
+    mean_c = sum(medians[1:]) / len(depths)
+    spread = sum((d - mean_d) ** 2 for d in depths)
+    slope = max(0.0, sum((d - mean_d) * (c - mean_c) for d, c in zip(depths, medians[1:])) / spread)
+    return [medians[0]] + [mean_c + slope * (d - mean_d) for d in depths]
 
 
 def cost_key(decoder) -> Dict[str, object]:
@@ -151,6 +168,20 @@ def calibrate_costs(decoder, batch_sizes: Sequence[int] = (1,), tree: Optional[b
 _LOADED: Dict[str, CostTable] = {}  # cache files read (or measured) in this process, by path
 
 
+def cached_table(decoder) -> tuple:
+    """(the cached cost table of the decoder's key, or a new empty one; its cache path)."""
+    key = cost_key(decoder)
+    path = cost_table_path(key)
+    table = _LOADED.get(path)
+    if table is None:
+        try:
+            table = CostTable.load(path)
+        except (FileNotFoundError, ValueError):  # none yet, or a damaged file: measured again
+            table = CostTable(key)
+        _LOADED[path] = table
+    return table, path
+
+
 def ensure_costs(decoder, rows: int, tree: bool) -> CostTable:
     """The cost table for a generation of `rows` prompts: the decoder's own (`cost_table=`),
     else the cached table of its key (`cost_key`: a change of model, dtype or settings gives
@@ -158,21 +189,14 @@ def ensure_costs(decoder, rows: int, tree: bool) -> CostTable:
     table is saved again; a table the caller gave is completed in memory only."""
     table, path = decoder.cost_table, None
     if table is None:
-        key = cost_key(decoder)
-        path = cost_table_path(key)
-        table = _LOADED.get(path)
-        if table is None:
-            try:
-                table = CostTable.load(path)
-            except (FileNotFoundError, ValueError):  # none yet, or a damaged file: measured again
-                table = CostTable(key)
-            _LOADED[path] = table
+        table, path = cached_table(decoder)
     if tree:
         missing = table.tree is None
         if missing:
             calibrate_costs(decoder, tree=True, table=table, progress=True)
-    else:
-        needed = [n for n in _batch_sizes(rows) if n not in table.chain]
+    else:  # measured sizes from 1 up to at least `rows` are enough: the costs between are interpolated
+        covered = 1 in table.chain and max(table.chain) >= rows
+        needed = [] if covered else [n for n in _batch_sizes(rows) if n not in table.chain]
         missing = bool(needed)
         if missing:
             calibrate_costs(decoder, needed, tree=False, table=table, progress=True)

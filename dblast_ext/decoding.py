@@ -63,6 +63,13 @@ VERIFY_MODES = ("branch", "tree")
 TREE_EXTRA_LEAVES = 4
 
 
+def check_depth(depth, max_depth: int) -> int:
+    """A controller's depth, refused unless an integer in 0..max_depth (the block's drafts)."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= max_depth:
+        raise ValueError(f"the controller chose depth {depth!r}: a cycle verifies 0..{max_depth} drafts")
+    return depth
+
+
 class SpeculativeDecoder:
     def __init__(self, target, drafter: Optional[DBlastDrafter] = None, *, category_temperature: float = 1.0,
                  use_kernels: bool = True, draft_vocab: DraftVocab = None, proposer: Optional[Proposer] = None,
@@ -286,7 +293,7 @@ class SpeculativeDecoder:
             controller.select(active)
         while active:
             t0 = time.perf_counter()
-            depth = controller.depth()  # drafts this cycle verifies (0: a plain target step)
+            depth = check_depth(controller.depth(), block - 1)  # drafts this cycle verifies (0: a plain step)
             uniforms = draw_uniforms(generators, block + 1, device)
             if depth == 0:
                 t1 = t0
@@ -462,7 +469,7 @@ class SpeculativeDecoder:
                                                  ids.device)
         cycles, waiting = [], []  # waiting: plain steps' features, which the next drafter pass reads after `context`
         while len(generated) < max_new_tokens and anchor not in stops:
-            depth = controller.depth()
+            depth = check_depth(controller.depth(), self.proposer.block_size - 1)
             if depth and waiting:
                 context, waiting = torch.cat([context] + waiting, dim=1), []
             record, emitted, features, acceptance = self._tree_cycle(
@@ -590,7 +597,7 @@ class SpeculativeDecoder:
         """The adaptive controller's cost table for generations of up to `rows` prompts (and for
         trie verification), measured now if the table lacks it, so no timed generation pays for
         it; nothing to do for other controllers."""
-        if self.controller == "adaptive":
+        if self.controller == "adaptive" or getattr(self.controller, "needs_costs", False):
             self._costs(rows, tree=self.verify == "tree")
 
     def warm_up(self, input_ids, sampling: Optional[SamplingParams] = None, *, target_only: bool = True,

@@ -62,7 +62,7 @@ def test_it_decodes_plainly_when_drafts_are_rejected_and_probes_within_its_budge
 def test_a_depth_that_became_good_again_is_found():
     controller = AdaptiveDepth()
     controller.start(1, 3, [1.0, 1.1, 1.2, 1.3])
-    observe_rows(controller, 1, 3, [0.0] * 3, 10)
+    observe_rows(controller, 1, 3, [0.0] * 3, 30)
     assert controller.depth() == 0
     for _ in range(200):  # the text became predictable: each probe reports it
         d = controller.depth()
@@ -156,6 +156,14 @@ def test_the_decoder_names_a_bad_controller_or_cost_table(tmp_path):
         make_decoder(tmp_path, cost_table=str(tmp_path / "missing.json"))
     with pytest.raises(TypeError, match="cost_table"):
         make_decoder(tmp_path, cost_table={"chain": {}})
+
+
+def test_a_controller_choosing_a_depth_outside_the_block_is_named(tmp_path):
+    dec = make_decoder(tmp_path, branches=2, block_size=4, controller=ScriptedDepth([9]))
+    dec.controller.max_depth = 9  # a controller that ignores the block it was given
+    dec.controller.start = lambda rows, max_depth, costs=None: None
+    with pytest.raises(ValueError, match="depth 9: a cycle verifies 0..3 drafts"):
+        dec.generate(PROMPTS[0], max_new_tokens=6)
 
 
 def test_calibration_times_every_depth_and_is_cached_once(tmp_path, monkeypatch):

@@ -44,8 +44,7 @@ def batch_sizes_of(text: str):
 
 
 def run_cost(args) -> int:
-    from ..adaptive import cost_table_path
-    from ..cost_calibration import calibrate_costs, cost_key
+    from ..cost_calibration import cached_table, calibrate_costs
 
     sizes = batch_sizes_of(args.batch_sizes)
     args.controller = "adaptive"
@@ -55,11 +54,12 @@ def run_cost(args) -> int:
         print(picked, file=sys.stderr)
     decoder, _ = load_decoder(args)
     tree = decoder.verify == "tree"
-    table = calibrate_costs(decoder, [] if tree else sizes, tree=tree, progress=not args.no_progress)
+    table, cache_path = cached_table(decoder)  # the cached sizes stay; the ones asked for are measured again
+    calibrate_costs(decoder, [] if tree else sizes, tree=tree, table=table, progress=not args.no_progress)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "costs.json")
     table.save(path)
-    table.save(cost_table_path(cost_key(decoder)))
+    table.save(cache_path)
     curves = [("trie", table.tree)] if tree else [(f"batch {n}", table.chain[n]) for n in sorted(table.chain)]
     print("| cycle | " + " | ".join(f"d={d}" for d in range(len(curves[0][1]))) + " |")
     print("| --- |" + " ---: |" * len(curves[0][1]))

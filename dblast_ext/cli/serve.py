@@ -37,7 +37,8 @@ def add_parser(subparsers) -> None:
                    help="seed of the branch draws at --category-temperature > 0 (default %(default)s)")
     p.add_argument("--batch-schedule", choices=("auto", "off"), default="auto",
                    help="auto (the default): where the installed vLLM takes a per-batch-size number of drafts "
-                        "(num_speculative_tokens_per_batch_size), pass one measured for the pair on this machine "
+                        "(num_speculative_tokens_per_batch_size) and the drafter is a DFlash one (K = 1; the DBLast "
+                        "plugin needs a fixed number), pass one measured for the pair on this machine "
                         "(the adaptive controller's decision by the number of requests in flight, 0 where drafting "
                         "does not pay; measured once and cached; docs/serving.md); off: draft the same number at "
                         "every batch size")
@@ -99,6 +100,12 @@ def measured_schedule(args):
     from ..serving_schedule import pair_schedule, vllm_has_batch_schedule
 
     if args.batch_schedule == "off":
+        return None
+    if read_checkpoint_config(args.drafter, "--drafter").num_branches > 1:
+        # the plugin's branch choice reads each request's anchor at the stride of a fixed number of drafts
+        print("dblast serve: a DBLast drafter drafts the same number at every batch size in vLLM (the plugin's "
+              "branch choice needs a fixed number of drafts per step); a DFlash drafter takes the measured "
+              "per-batch-size schedule (docs/serving.md)", file=sys.stderr)
         return None
     if not vllm_has_batch_schedule():
         print("dblast serve: the installed vLLM has no per-batch-size speculation setting "

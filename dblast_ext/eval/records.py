@@ -32,8 +32,9 @@ def make_record(*, dataset: str, prompt_id: str, turn: int, output: GenerationOu
     }
     if any(c.tree_nodes for c in output.cycles):  # trie verification: the nodes each pass scored
         record["tree_nodes"] = [c.tree_nodes for c in output.cycles]
-        if all(c.branch_rule_expected is not None for c in output.cycles):
-            record["branch_rule_expected"] = [round(c.branch_rule_expected, 6) for c in output.cycles]
+        drafting = [c for c in output.cycles if c.drafts != 0]  # (plain steps have no trie to compare)
+        if all(c.branch_rule_expected is not None for c in drafting):
+            record["branch_rule_expected"] = [round(c.branch_rule_expected or 0.0, 6) for c in output.cycles]
     if any(c.drafts is not None and c.drafts < block_size - 1 for c in output.cycles):
         # the adaptive controller chose shallower cycles (0: a plain target step); absent: every cycle drafted b
         record["drafts"] = [c.drafts for c in output.cycles]
