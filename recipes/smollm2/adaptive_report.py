@@ -74,7 +74,7 @@ def depth_plot(runs_dir, arm, cells, path):
     for ax, (t, dataset) in zip(axes, cells):
         records = os.path.join(runs_dir, "speed", f"{arm}-T{t}-adaptive", "records.jsonl")
         chosen = None
-        for record in read_jsonl(records) if os.path.isfile(records) else []:
+        for _, record in read_jsonl(records, "records") if os.path.isfile(records) else []:
             if record["dataset"] == dataset and (chosen is None or len(record["accepted"]) > len(chosen["accepted"])):
                 chosen = record
         if chosen is None:
