@@ -87,16 +87,10 @@ def serve_command(args, schedule=None) -> tuple:
     return argv, env
 
 
-def drafts_and_dirs(args) -> tuple:
-    """(drafts per step, target directory, drafter directory) as serve_command resolves them."""
-    argv, _ = serve_command(args)
-    speculative = json.loads(argv[argv.index("--speculative-config") + 1])
-    return speculative["num_speculative_tokens"], argv[2], speculative["model"]
-
-
-def measured_schedule(args):
+def measured_schedule(args, argv):
     """--batch-schedule auto: the pair's schedule where the installed vLLM takes one (else None,
-    saying why on stderr)."""
+    saying why on stderr); `argv`: serve_command's, whose speculative config names the drafts per
+    step and the directories."""
     from ..serving_schedule import pair_schedule, vllm_has_batch_schedule
 
     if args.batch_schedule == "off":
@@ -111,13 +105,15 @@ def measured_schedule(args):
         print("dblast serve: the installed vLLM has no per-batch-size speculation setting "
               "(num_speculative_tokens_per_batch_size): every step drafts the same number", file=sys.stderr)
         return None
-    drafts, target, drafter = drafts_and_dirs(args)
-    return pair_schedule(target, drafter, drafts)
+    speculative = json.loads(argv[argv.index("--speculative-config") + 1])
+    return pair_schedule(argv[2], speculative["model"], speculative["num_speculative_tokens"])
 
 
 def run(args) -> int:
-    serve_command(args)  # the checks, before anything is measured
-    argv, env = serve_command(args, measured_schedule(args))
+    argv, env = serve_command(args)  # the checks, before anything is measured
+    schedule = measured_schedule(args, argv)
+    if schedule is not None:
+        argv, env = serve_command(args, schedule)
     if args.dry_run:
         print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, argv)]))
         return 0
