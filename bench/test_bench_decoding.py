@@ -43,7 +43,8 @@ def test_decode_cycle(benchmark, tmp_path, branches, impl):
     target = tiny_target("qwen3")
     drafter = load_drafter(write_dflash_checkpoint(tmp_path / "d", block_size=16), target=target,
                            num_branches=branches if branches > 1 else None)
-    decoder = SpeculativeDecoder(target, drafter, use_kernels=impl == "op")
+    # controller off: the benchmark times the cycle at the whole block, not the adaptive controller
+    decoder = SpeculativeDecoder(target, drafter, use_kernels=impl == "op", controller="off")
     benchmark.group = f"decode cycle cpu tiny-qwen3 K={branches} block=16"
     out = benchmark(lambda: decoder.generate(PROMPT, SamplingParams(1.0), max_new_tokens=32, seed=0))
     record_cycles(benchmark, out)
@@ -61,7 +62,7 @@ def test_decode_cycle_qwen3_8b_shape(benchmark, qwen3_8b_pair, branches):
     drafter = copy.deepcopy(base)
     if branches > 1:
         drafter.add_branch_head(branches, generator=torch.Generator().manual_seed(branches))
-    decoder = SpeculativeDecoder(target, drafter)
+    decoder = SpeculativeDecoder(target, drafter, controller="off")
     prompt = torch.randint(0, 151000, (512,), generator=torch.Generator().manual_seed(0)).tolist()
     benchmark.group = f"decode cycle cuda Qwen3-8B-shape K={branches} block=16 bf16"
 

@@ -68,6 +68,9 @@ MIN_PROBE_INTERVAL = 8
 MAX_PROBE_INTERVAL = 256
 # a probe verifies the deepest depth that costs at most this many times the extra of one position
 PROBE_DEPTH_SLACK = 1.5
+# context tokens per row a drafting cycle's measured cost already includes (the previous cycle's
+# committed tokens): the catch-up cost counts only the unseen tokens beyond these
+STEADY_UNSEEN = 2
 # the names SpeculativeDecoder(controller=...) takes besides a DepthController object
 CONTROLLERS = ("adaptive", "off")
 
@@ -75,14 +78,17 @@ CONTROLLERS = ("adaptive", "off")
 class DepthController(Protocol):
     """What the decode loop asks of a controller: `start` before the first cycle of a generation
     (with the cost curve when the controller sets `needs_costs = True`: C(d) for d = 0..D, or for
-    a batch a function of its number of rows), `depth` before each cycle (one depth for the whole
-    batch: one shape), `observe` after it with every active row's conditional acceptance at the
-    positions that cycle verified, `select` when rows finish (the indices, into the active rows,
-    of those that go on)."""
+    a batch a function of its number of rows, and the catch-up cost per unseen context token),
+    `depth` before each cycle (one depth for the whole batch: one shape; `unseen`: the context
+    tokens, summed over the active rows, that the drafter has not read yet and its next pass will:
+    the prompt before the first pass, every plain step's token after it; `remaining`: the tokens
+    the active rows may still generate), `observe` after it with every active row's conditional
+    acceptance at the positions that cycle verified, `select` when rows finish (the indices, into
+    the active rows, of those that go on)."""
 
-    def start(self, rows: int, max_depth: int, costs: Optional[List[float]] = None) -> None: ...
+    def start(self, rows: int, max_depth: int, costs: Optional[List[float]] = None, catch_up: float = 0.0) -> None: ...
 
-    def depth(self) -> int: ...
+    def depth(self, unseen: int = 0, remaining: int = 0) -> int: ...
 
     def observe(self, depth: int, acceptance: Sequence[Sequence[float]]) -> None: ...
 
@@ -99,10 +105,10 @@ class FixedDepth:
         self.fixed = depth
         self.max_depth = 0
 
-    def start(self, rows: int, max_depth: int, costs=None) -> None:
+    def start(self, rows: int, max_depth: int, costs=None, catch_up: float = 0.0) -> None:
         self.max_depth = max_depth
 
-    def depth(self) -> int:
+    def depth(self, unseen: int = 0, remaining: int = 0) -> int:
         return self.max_depth if self.fixed is None else min(int(self.fixed), self.max_depth)
 
     def observe(self, depth, acceptance) -> None:
@@ -124,11 +130,11 @@ class ScriptedDepth(FixedDepth):
         self.cycle = 0
         self.chosen: List[int] = []
 
-    def start(self, rows: int, max_depth: int, costs=None) -> None:
+    def start(self, rows: int, max_depth: int, costs=None, catch_up: float = 0.0) -> None:
         super().start(rows, max_depth)
         self.cycle = 0
 
-    def depth(self) -> int:
+    def depth(self, unseen: int = 0, remaining: int = 0) -> int:
         d = min(self.depths[self.cycle % len(self.depths)], self.max_depth)
         self.cycle += 1
         self.chosen.append(d)
@@ -161,6 +167,8 @@ class AdaptiveDepth:
         self.probe_budget = probe_budget
         self.costs: List[float] = []
         self.cost_curve = None  # rows -> costs, when the batch's cost changes as rows finish
+        self.catch_up = 0.0  # seconds per unseen context token (catch_up_cost)
+        self.catch_up_curve = None
         self.rows: List[List[float]] = []    # per active row: a[j] estimates
         self.weights: List[List[float]] = []  # per active row: what a[j]'s estimate is worth, in observations
         self.max_depth = 0
@@ -168,12 +176,18 @@ class AdaptiveDepth:
         self.since_probe = 0
         self.chosen: List[int] = []
 
-    def start(self, rows: int, max_depth: int, costs=None) -> None:
-        """`costs`: C(d) for d = 0..max_depth, or a callable giving them for a number of rows."""
+    def start(self, rows: int, max_depth: int, costs=None, catch_up=0.0) -> None:
+        """`costs`: C(d) for d = 0..max_depth, or a callable giving them for a number of rows;
+        `catch_up`: seconds per context token the drafter reads beyond a drafting cycle's own (or
+        a callable of the rows)."""
         if costs is None:
             raise ValueError("AdaptiveDepth needs the batch's cost curve (a CostTable's costs)")
         self.cost_curve = costs if callable(costs) else None
+        self.catch_up_curve = catch_up if callable(catch_up) else None
         self.costs = list(costs(rows)) if callable(costs) else list(costs)
+        self.catch_up = float(catch_up(rows) if callable(catch_up) else catch_up)
+        if not (math.isfinite(self.catch_up) and self.catch_up >= 0):
+            raise ValueError(f"catch_up must be a finite number of seconds >= 0, got {self.catch_up}")
         if len(self.costs) < max_depth + 1 or not all(c > 0 and math.isfinite(c) for c in self.costs):
             raise ValueError(f"costs must give a finite cost > 0 for every depth 0..{max_depth}, got {self.costs}")
         self.max_depth = max_depth
@@ -183,23 +197,41 @@ class AdaptiveDepth:
         self.since_probe = 0
         self.chosen = []
 
-    def best_depth(self) -> int:
-        """argmax_d of the expected committed tokens per second over the active rows."""
+    def rates(self, optimism: float = OPTIMISM) -> List[float]:
+        """The expected committed tokens per second over the active rows at each depth d."""
         committed = [float(len(self.rows))] * (self.max_depth + 1)  # sum_r E_r(d), each row's bonus token
         for row, weights in zip(self.rows, self.weights):  # E_r(d) - 1 = sum_{i<=d} prod_{j<=i} a[j]
             survive, reached = 1.0, 0.0
             for j, a in enumerate(row[: self.max_depth]):
                 # an estimate worth few observations gets the benefit of the doubt (OPTIMISM), so a
                 # position not verified for a while (its weight faded) is tried again
-                survive *= min(1.0, a + OPTIMISM / math.sqrt(weights[j] + 1))
+                survive *= min(1.0, a + optimism / math.sqrt(weights[j] + 1))
                 reached += survive
                 committed[j + 1] += reached
+        return [c / cost for c, cost in zip(committed, self.costs)]
+
+    @staticmethod
+    def _argmax(rates: List[float]) -> int:
         best, best_rate = 0, -1.0
-        for d in range(self.max_depth + 1):
-            rate = committed[d] / self.costs[d]
-            if rate > best_rate * (1 + 1e-9):
+        for d, rate in enumerate(rates):
+            if rate > best_rate * (1 + 1e-9):  # ties: the shallower
                 best, best_rate = d, rate
         return best
+
+    def best_depth(self) -> int:
+        """argmax_d of the expected committed tokens per second over the active rows."""
+        return self._argmax(self.rates())
+
+    def catch_up_cost(self, unseen: int) -> float:
+        """Seconds the next drafter pass spends on context beyond a drafting cycle's own: the
+        prompt before the first pass, the plain steps' tokens after a stretch of them."""
+        return self.catch_up * max(0, unseen - STEADY_UNSEEN * len(self.rows))
+
+    @staticmethod
+    def catch_up_pays(rates: List[float], d: int, catch_up: float, remaining: int) -> bool:
+        """Whether drafting at depth d, after a catch-up of `catch_up` seconds, is expected to
+        save more than that over the tokens still to generate (at most `remaining`)."""
+        return catch_up < remaining * (1 / rates[0] - 1 / rates[d])
 
     def probe_depth(self, best: int) -> int:
         """How deep a probe from `best` verifies: one position deeper, or deeper still while that
@@ -209,16 +241,24 @@ class AdaptiveDepth:
         return max(d for d in range(best + 1, self.max_depth + 1)
                    if self.costs[d] - self.costs[best] <= PROBE_DEPTH_SLACK * shallowest)
 
-    def probe_interval(self, best: int) -> int:
-        """Cycles between probes from `best`: what a probe costs over a cycle at `best`, spread so
-        that probing costs at most `probe_budget` of the time."""
-        extra = self.costs[self.probe_depth(best)] / self.costs[best] - 1
-        return int(min(MAX_PROBE_INTERVAL, max(MIN_PROBE_INTERVAL, math.ceil(extra / self.probe_budget))))
+    def probe_interval(self, best: int, catch_up: float = 0.0) -> float:
+        """Cycles between probes from `best`: what a probe costs over a cycle at `best` (its
+        catch-up included), spread so that probing costs at most `probe_budget` of the time. A
+        probe after plain steps reads their tokens: where that catch-up grows faster than the
+        budget, probes stop, as at a batch size where drafting cannot pay."""
+        extra = (self.costs[self.probe_depth(best)] + catch_up) / self.costs[best] - 1
+        interval = max(MIN_PROBE_INTERVAL, math.ceil(extra / self.probe_budget))
+        return interval if catch_up > 0 or interval <= MAX_PROBE_INTERVAL else MAX_PROBE_INTERVAL
 
-    def depth(self) -> int:
-        d = self.best_depth()
+    def depth(self, unseen: int = 0, remaining: int = 0) -> int:
+        """The depth of the next cycle; `unseen` and `remaining` as in DepthController."""
+        rates = self.rates()
+        d = self._argmax(rates)
+        catch_up = self.catch_up_cost(unseen)
+        if d > 0 and catch_up > 0 and not self.catch_up_pays(rates, d, catch_up, remaining):
+            d = 0  # drafting would pay per cycle, but not for reading what it has not seen
         self.since_probe += 1
-        if d < self.max_depth and self.since_probe >= self.probe_interval(d):
+        if d < self.max_depth and self.since_probe >= self.probe_interval(d, catch_up):
             d, self.since_probe = self.probe_depth(d), 0
         self.cycle += 1
         self.chosen.append(d)
@@ -244,22 +284,43 @@ class AdaptiveDepth:
         self.weights = [self.weights[i] for i in keep]
         if self.cost_curve is not None and keep:
             self.costs = list(self.cost_curve(len(keep)))
+        if self.catch_up_curve is not None and keep:
+            self.catch_up = float(self.catch_up_curve(len(keep)))
 
 
 # ------------------------------------------------------------------------------------------------
 # the cost table
 
-COST_TABLE_VERSION = 1
+COST_TABLE_VERSION = 2  # 2: the catch-up costs
 
 
 @dataclass
 class CostTable:
     """Seconds per cycle by depth: `chain[n][d]` for greedy-branch verification at batch size n
-    (d = 0..D), `tree[d]` for trie verification capped at depth d (one prompt). `key` names what
-    it was measured for (machine, models, dtype, settings: `cost_key`)."""
+    (d = 0..D), `tree[d]` for trie verification capped at depth d (one prompt); and the seconds
+    per context token the drafter reads beyond a drafting cycle's own (after plain steps, or the
+    prompt): `chain_catch_up[n]`, `tree_catch_up`. `key` names what it was measured for
+    (machine, models, dtype, settings: `cost_key`)."""
     key: Dict[str, object] = field(default_factory=dict)
     chain: Dict[int, List[float]] = field(default_factory=dict)
     tree: Optional[List[float]] = None
+    chain_catch_up: Dict[int, float] = field(default_factory=dict)
+    tree_catch_up: Optional[float] = None
+
+    def catch_up(self, rows: int) -> float:
+        """Seconds per unseen context token at batch size `rows`: measured, or linear between
+        the measured sizes around it (the nearest beyond them); 0 where none was measured (a
+        table written by hand: catch-up then goes unmodelled)."""
+        if not self.chain_catch_up:
+            return 0.0
+        sizes = sorted(self.chain_catch_up)
+        below = [n for n in sizes if n <= rows]
+        above = [n for n in sizes if n >= rows]
+        if not below or not above:
+            return self.chain_catch_up[sizes[0] if not below else sizes[-1]]
+        lo, hi = below[-1], above[0]
+        w = 0.0 if hi == lo else (rows - lo) / (hi - lo)
+        return self.chain_catch_up[lo] + w * (self.chain_catch_up[hi] - self.chain_catch_up[lo])
 
     def chain_costs(self, rows: int) -> List[float]:
         """C(rows, d) for every d: measured, or linear between the measured batch sizes around
@@ -285,7 +346,9 @@ class CostTable:
 
     def to_json(self) -> dict:
         return {"version": COST_TABLE_VERSION, "key": self.key,
-                "chain": {str(n): costs for n, costs in sorted(self.chain.items())}, "tree": self.tree}
+                "chain": {str(n): costs for n, costs in sorted(self.chain.items())}, "tree": self.tree,
+                "chain_catch_up": {str(n): c for n, c in sorted(self.chain_catch_up.items())},
+                "tree_catch_up": self.tree_catch_up}
 
     @classmethod
     def from_json(cls, data: dict, source: str = "cost table") -> "CostTable":
@@ -294,12 +357,17 @@ class CostTable:
         try:
             chain = {int(n): [float(c) for c in costs] for n, costs in (data.get("chain") or {}).items()}
             tree = None if data.get("tree") is None else [float(c) for c in data["tree"]]
-        except (TypeError, ValueError) as error:
+            chain_catch_up = {int(n): float(c) for n, c in (data.get("chain_catch_up") or {}).items()}
+            tree_catch_up = None if data.get("tree_catch_up") is None else float(data["tree_catch_up"])
+        except (TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"{source}: malformed costs ({error})") from None
         for costs in list(chain.values()) + ([tree] if tree else []):
             if not costs or not all(c > 0 and math.isfinite(c) for c in costs):
                 raise ValueError(f"{source}: every cost must be a finite number of seconds > 0, got {costs}")
-        return cls(dict(data.get("key") or {}), chain, tree)
+        for c in list(chain_catch_up.values()) + ([] if tree_catch_up is None else [tree_catch_up]):
+            if not (c >= 0 and math.isfinite(c)):
+                raise ValueError(f"{source}: every catch-up cost must be a finite number of seconds >= 0, got {c}")
+        return cls(dict(data.get("key") or {}), chain, tree, chain_catch_up, tree_catch_up)
 
     def save(self, path: str) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

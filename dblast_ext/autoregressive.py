@@ -6,7 +6,7 @@ import torch
 
 from . import ops, reference
 from .generation import (GenerationOutput, check_target_cache, draw_uniforms, keep_until_stop, prompt_lists,
-                         prompt_tensor, row_generators)
+                         prompt_tensor, row_generators, stop_id_set)
 from .ragged_cache import RaggedRows
 from .sampling import SamplingParams, sample_from_logits
 from .target import TargetAdapter
@@ -20,8 +20,8 @@ def sample_autoregressive(target: TargetAdapter, input_ids, sampling: Optional[S
     """Sampling from the target alone, one token per pass, with the speculative path's filter and
     inverse-CDF rule; `on_probs(probs, token)` sees each token's filtered distribution."""
     sampling = sampling or SamplingParams()
-    ids = prompt_tensor(input_ids, max_new_tokens, target.device)
-    stops = set(stop_token_ids or ())
+    ids = prompt_tensor(input_ids, max_new_tokens, target.device, target.vocab_size)
+    stops = stop_id_set(stop_token_ids, target.vocab_size)
     generator = torch.Generator().manual_seed(seed)
     cache = target.new_cache()
     logits, _ = target.forward(ids, cache, hidden_states=False, last_logits_only=True)
@@ -49,9 +49,9 @@ def sample_autoregressive_batch(target: TargetAdapter, prompts, sampling: Option
     target cache (`target_cache`, "dynamic" or "static": see SpeculativeDecoder). One host read
     per pass (the tokens)."""
     sampling = sampling or SamplingParams()
-    rows = prompt_lists(prompts, max_new_tokens)
+    rows = prompt_lists(prompts, max_new_tokens, target.vocab_size)
     check_target_cache(target_cache)
-    stops = set(stop_token_ids or ())
+    stops = stop_id_set(stop_token_ids, target.vocab_size)
     device = target.device
     generators = row_generators(seeds, len(rows), device)
     layout = RaggedRows.left_padded([len(p) for p in rows])

@@ -6,7 +6,9 @@ The loop itself is timed: `SpeculativeDecoder`'s own cycles on a synthetic promp
 ids: a cycle's cost does not depend on what the tokens say), with a scripted controller that
 walks through every depth several times; a cycle's cost is the median time between the
 controller's consecutive depth calls at that depth (everything a cycle does, bookkeeping
-included), smoothed as a drafter pass plus a cost per verified position (`smooth_costs`). Batches are measured at powers of two (1, 2, 4, ...) and interpolated between them.
+included), smoothed as a drafter pass plus a cost per verified position (`smooth_costs`); and a
+drafting cycle after a stretch of plain steps, whose extra time per token it reads is the
+catch-up cost. Batches are measured at powers of two (1, 2, 4, ...) and interpolated between them.
 A measured table is cached on disk under a key naming what it was measured for
 (`adaptive.cost_table_path`), so it is measured once per machine, model pair, dtype and settings;
 the decode loop measures what is missing before a generation starts, never during one.
@@ -18,7 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .adaptive import CostTable, ScriptedDepth, cost_table_path, machine_description
+from .adaptive import STEADY_UNSEEN, CostTable, ScriptedDepth, cost_table_path, machine_description
 
 __all__ = ["calibrate_costs", "ensure_costs", "cached_table", "cost_key", "smooth_costs", "CALIBRATION_PROMPT_TOKENS", "CALIBRATION_REPEATS"]
 
@@ -28,6 +30,9 @@ CALIBRATION_REPEATS = 3
 # untimed rounds of every depth first: the first cycles validate their inputs, and every new shape
 # allocates and (on a CPU) builds its kernels once; timing those made a cycle look twice its cost
 WARM_UP_ROUNDS = 2
+# the catch-up cost: a drafting cycle after this many plain steps, timed this many times
+CATCH_UP_STEPS = 16
+CATCH_UP_REPEATS = 2
 
 
 class _ScheduleDone(Exception):
@@ -36,29 +41,45 @@ class _ScheduleDone(Exception):
 
 class _TimedSchedule(ScriptedDepth):
     """A scripted controller that times each cycle (from one depth call to the next) and stops
-    the loop once its schedule has run."""
+    the loop once its schedule has run. Cycles whose index is in `catch_up_cycles` are timed
+    apart (`catch_up_times`, with the unseen context tokens they read)."""
 
-    def __init__(self, depths: Sequence[int], warm_up: int):
+    def __init__(self, depths: Sequence[int], warm_up: int, catch_up_cycles: Sequence[int] = ()):
         super().__init__(depths)
         self.warm_up = warm_up  # cycles not timed
+        self.catch_up_cycles = set(catch_up_cycles)
         self.times: Dict[int, List[float]] = {}
+        self.catch_up_times: List[tuple] = []  # (seconds, unseen tokens)
         self._last = None
 
-    def depth(self) -> int:
+    def depth(self, unseen: int = 0, remaining: int = 0) -> int:
         now = time.perf_counter()
         if self._last is not None and self._last[2]:
-            self.times.setdefault(self._last[0], []).append(now - self._last[1])
+            if self._last[3] is not None:
+                self.catch_up_times.append((now - self._last[1], self._last[3]))
+            else:
+                self.times.setdefault(self._last[0], []).append(now - self._last[1])
         if self.cycle == len(self.depths):
             raise _ScheduleDone
+        index = self.cycle
         d = super().depth()
-        self._last = (d, now, self.cycle > self.warm_up)
+        self._last = (d, now, self.cycle > self.warm_up, unseen if index in self.catch_up_cycles else None)
         return d
 
 
-def _schedule(max_depth: int, repeats: int) -> List[int]:
-    # every depth in turn (interleaved, so drift over the run spreads over all depths alike): the
-    # warm-up rounds, the timed ones, and one more cycle whose start ends the last timing
-    return [d for _ in range(WARM_UP_ROUNDS + repeats) for d in range(max_depth, -1, -1)] + [0]
+def _schedule(max_depth: int, repeats: int) -> tuple:
+    """(depths, the indices of the catch-up cycles): every depth in turn (interleaved, so drift
+    over the run spreads over all depths alike), the warm-up rounds, then the timed ones; then
+    CATCH_UP_REPEATS times CATCH_UP_STEPS plain steps and a cycle at the deepest depth, which
+    reads their tokens (its cost beyond a steady cycle's is the catch-up); and one more cycle
+    whose start ends the last timing."""
+    depths = [d for _ in range(WARM_UP_ROUNDS + repeats) for d in range(max_depth, -1, -1)]
+    catch_up = []
+    for _ in range(CATCH_UP_REPEATS):
+        depths += [0] * CATCH_UP_STEPS
+        catch_up.append(len(depths))
+        depths.append(max_depth)
+    return depths + [0], catch_up
 
 
 def _time_cycles(decoder, rows: int, tree: bool, repeats: int) -> List[float]:
@@ -69,7 +90,8 @@ def _time_cycles(decoder, rows: int, tree: bool, repeats: int) -> List[float]:
     prompt = torch.randint(decoder.target.vocab_size, (CALIBRATION_PROMPT_TOKENS,), generator=generator).tolist()
     # rows of different lengths, as real batches are (a ragged layout: masks, and commits that move entries)
     prompts = [prompt[: CALIBRATION_PROMPT_TOKENS - (i * 7) % (CALIBRATION_PROMPT_TOKENS // 2)] for i in range(rows)]
-    schedule = _TimedSchedule(_schedule(max_depth, repeats), WARM_UP_ROUNDS * (max_depth + 1))
+    depths, catch_up_cycles = _schedule(max_depth, repeats)
+    schedule = _TimedSchedule(depths, WARM_UP_ROUNDS * (max_depth + 1), catch_up_cycles)
     schedule.start(rows, max_depth)
     limit = sum(d + 1 for d in schedule.depths) + 2  # never reached first: each cycle commits at most d + 1
     greedy = SamplingParams(temperature=0.0)
@@ -82,9 +104,14 @@ def _time_cycles(decoder, rows: int, tree: bool, repeats: int) -> List[float]:
     except _ScheduleDone:
         pass
     missing = [d for d in range(max_depth + 1) if not schedule.times.get(d)]
-    if missing:
-        raise RuntimeError(f"cost calibration timed no cycle at depths {missing}")
-    return smooth_costs([statistics.median(schedule.times[d]) for d in range(max_depth + 1)])
+    if missing or len(schedule.catch_up_times) != CATCH_UP_REPEATS:
+        raise RuntimeError(f"cost calibration timed no cycle at depths {missing or 'catch-up'}")
+    medians = [statistics.median(schedule.times[d]) for d in range(max_depth + 1)]
+    # the least of the repeats (noise only adds): seconds beyond a steady deepest cycle, per token
+    # beyond those a steady cycle reads
+    catch_up = min(max(0.0, seconds - medians[max_depth]) / max(1, unseen - STEADY_UNSEEN * rows)
+                   for seconds, unseen in schedule.catch_up_times)
+    return smooth_costs(medians), catch_up
 
 
 def smooth_costs(medians: Sequence[float]) -> List[float]:
@@ -156,12 +183,12 @@ def calibrate_costs(decoder, batch_sizes: Sequence[int] = (1,), tree: Optional[b
     if tree:
         if progress:
             print("dblast: measuring cycle costs (trie verification) for the adaptive controller", file=sys.stderr)
-        table.tree = _time_cycles(decoder, 1, True, repeats)
+        table.tree, table.tree_catch_up = _time_cycles(decoder, 1, True, repeats)
     else:
         for n in batch_sizes:
             if progress:
                 print(f"dblast: measuring cycle costs at batch size {n} for the adaptive controller", file=sys.stderr)
-            table.chain[int(n)] = _time_cycles(decoder, int(n), False, repeats)
+            table.chain[int(n)], table.chain_catch_up[int(n)] = _time_cycles(decoder, int(n), False, repeats)
     return table
 
 

@@ -33,7 +33,7 @@ from .drafter import DBlastDrafter
 from .drafter_io import check_against_target
 from .draft_vocabulary import DraftVocab
 from .generation import (TARGET_CACHES, CycleRecord, GenerationOutput, append_context, check_target_cache, draw_uniforms,
-                         keep_until_stop, prompt_lists, prompt_tensor, row_generators)
+                         keep_until_stop, prompt_lists, prompt_tensor, row_generators, stop_id_set)
 from .proposer import DrafterProposer, Proposal, Proposer, check_proposal, check_proposer
 from .ragged_cache import RaggedRows
 from .results import VerifyResult
@@ -225,7 +225,7 @@ class SpeculativeDecoder:
         cycle commits (for streaming), in order, ending with the last token returned."""
         if self.verify == "tree":
             return self._generate_tree(input_ids, sampling, max_new_tokens, stop_token_ids, seed, on_tokens)
-        prompt_tensor(input_ids, max_new_tokens, "cpu")  # the single-prompt shape checks
+        prompt_tensor(input_ids, max_new_tokens, "cpu", self.target.vocab_size)  # the single-prompt checks
         stream = (lambda row, ids: on_tokens(ids)) if on_tokens else None
         return self.generate_batch([torch.as_tensor(input_ids).view(-1).tolist()], sampling, max_new_tokens,
                                    stop_token_ids, seeds=[seed], on_tokens=stream)[0]
@@ -245,7 +245,8 @@ class SpeculativeDecoder:
         if self.verify != "branch":
             raise ValueError("generate_batch verifies one branch per row (verify='branch'); trie verification "
                              "takes one prompt at a time: use generate")
-        rows = prompt_lists(prompts, max_new_tokens)
+        rows = prompt_lists(prompts, max_new_tokens, self.target.vocab_size)
+        stop_id_set(stop_token_ids, self.target.vocab_size)  # before the controller's calibration
         controller = self._start_controller(len(rows), tree=False)
         return self._generate_batch(rows, sampling, max_new_tokens, stop_token_ids, seeds, on_tokens, controller)
 
@@ -255,7 +256,7 @@ class SpeculativeDecoder:
                         controller: DepthController) -> List[GenerationOutput]:
         """generate_batch's loop, each cycle verifying the number of drafts `controller` picks."""
         sampling = sampling or SamplingParams()
-        stops = set(stop_token_ids or ())
+        stops = stop_id_set(stop_token_ids, self.target.vocab_size)
         device = self.target.device
         generators = row_generators(seeds, len(rows), device)
         block = self.proposer.block_size
@@ -286,14 +287,17 @@ class SpeculativeDecoder:
                 active.append(row)
         history = []  # per cycle: active rows, accepted, kept, device tensors (branch, expected, prior), times, depth
         waiting = []  # plain steps' features [N, 1, F], which the next drafter pass reads after `context`
+        unseen = list(layout.lengths)  # per row: context tokens the drafter's next pass reads (host-side count)
         if len(active) < len(rows):
             anchors, context, context_lens, generators, waiting = self._drop_finished(
                 list(range(len(rows))), active, layout, target_cache, proposer_cache, anchors, context, context_lens,
                 generators, waiting)
             controller.select(active)
+            unseen = [unseen[row] for row in active]
         while active:
             t0 = time.perf_counter()
-            depth = check_depth(controller.depth(), block - 1)  # drafts this cycle verifies (0: a plain step)
+            depth = check_depth(controller.depth(sum(unseen), sum(max_new_tokens - len(outputs[row]) for row in active)),
+                                block - 1)  # drafts this cycle verifies (0: a plain step)
             uniforms = draw_uniforms(generators, block + 1, device)
             if depth == 0:
                 t1 = t0
@@ -334,13 +338,16 @@ class SpeculativeDecoder:
             anchors = result.output_tokens.gather(1, accepted[:, None])[:, 0]
             if depth == 0:  # the drafter has not seen these features yet: they wait for its next pass
                 waiting.append(features)
+                unseen = [u + 1 for u in unseen]
             else:
                 context, context_lens = features, accepted + 1
+                unseen = [int(r[0]) + 1 for r in read]
             if len(going) < len(active):
                 anchors, context, context_lens, generators, waiting = self._drop_finished(
                     active, [active[i] for i in going], layout, target_cache, proposer_cache, anchors, context,
                     context_lens, generators, waiting)
                 controller.select(going)
+                unseen = [unseen[i] for i in going]
             active = [active[i] for i in going]
         cycles = self._cycle_records(history, len(rows))
         return [GenerationOutput(out, bool(stops) and out[-1] in stops, cycles[row])
@@ -362,25 +369,26 @@ class SpeculativeDecoder:
     def _start_controller(self, rows: int, tree: bool) -> DepthController:
         max_depth = self.proposer.block_size - 1
         if not isinstance(self.controller, str):
-            costs = self._costs(rows, tree) if getattr(self.controller, "needs_costs", False) else None
-            self.controller.start(rows, max_depth, costs)
+            costs = self._costs(rows, tree) if getattr(self.controller, "needs_costs", False) else (None, 0.0)
+            self.controller.start(rows, max_depth, *costs)
             return self.controller
         if self.controller == "off":
             controller = FixedDepth()
             controller.start(rows, max_depth)
             return controller
         controller = AdaptiveDepth()
-        controller.start(rows, max_depth, self._costs(rows, tree))
+        controller.start(rows, max_depth, *self._costs(rows, tree))
         return controller
 
     def _costs(self, rows: int, tree: bool):
-        """The cost curve of a generation of `rows` prompts: C(d) for d = 0..D (trie), or a
-        function of the number of rows (a batch, whose rows finish one by one). Measured here,
-        before the generation starts, if the cost table lacks it."""
+        """(the cost curve, the catch-up cost) of a generation of `rows` prompts: C(d) for
+        d = 0..D and seconds per unseen context token (trie), or functions of the number of rows
+        (a batch, whose rows finish one by one). Measured here, before the generation starts, if
+        the cost table lacks them."""
         from .cost_calibration import ensure_costs
 
         table = ensure_costs(self, rows, tree)
-        return list(table.tree) if tree else table.chain_costs
+        return (list(table.tree), table.tree_catch_up or 0.0) if tree else (table.chain_costs, table.catch_up)
 
     # The cycle's device-side steps, between the uniforms' draw and the host read. With the static
     # target cache and validate=False they trace as one graph (torch.compile fullgraph: no graph
@@ -454,8 +462,8 @@ class SpeculativeDecoder:
         """`generate` with trie verification: one prompt, one `_tree_cycle` per cycle, each
         capped at the depth `controller` picks (0: a plain target step)."""
         sampling = sampling or SamplingParams()
-        ids = prompt_tensor(input_ids, max_new_tokens, self.target.device)
-        stops = set(stop_token_ids or ())
+        ids = prompt_tensor(input_ids, max_new_tokens, self.target.device, self.target.vocab_size)
+        stops = stop_id_set(stop_token_ids, self.target.vocab_size)
         controller = controller or self._start_controller(1, tree=True)
         generator = torch.Generator().manual_seed(seed)
 
@@ -468,8 +476,10 @@ class SpeculativeDecoder:
         proposer_cache = self.proposer.new_cache(1, ids.shape[1] + max_new_tokens + self.proposer.block_size,
                                                  ids.device)
         cycles, waiting = [], []  # waiting: plain steps' features, which the next drafter pass reads after `context`
+        unseen = ids.shape[1]  # context tokens the drafter's next pass reads
         while len(generated) < max_new_tokens and anchor not in stops:
-            depth = check_depth(controller.depth(), self.proposer.block_size - 1)
+            depth = check_depth(controller.depth(unseen, max_new_tokens - len(generated)),
+                                self.proposer.block_size - 1)
             if depth and waiting:
                 context, waiting = torch.cat([context] + waiting, dim=1), []
             record, emitted, features, acceptance = self._tree_cycle(
@@ -478,8 +488,10 @@ class SpeculativeDecoder:
             controller.observe(depth, [acceptance])
             if depth == 0:
                 waiting.append(features)
+                unseen += 1
             else:
                 context = features
+                unseen = features.shape[1]
             cycles.append(record)
             before = len(generated)
             keep_until_stop(emitted, generated, stops, max_new_tokens)
@@ -571,7 +583,7 @@ class SpeculativeDecoder:
         anchor (as if the prefix had just been committed): acceptance at a chosen point of a
         response, for diagnostics."""
         sampling = sampling or SamplingParams()
-        ids = prompt_tensor(prefix_ids, 1, self.target.device)
+        ids = prompt_tensor(prefix_ids, 1, self.target.device, self.target.vocab_size)
         if ids.shape[1] < 2:
             raise ValueError("prefix_ids needs at least two tokens: context and the anchor")
         target_cache = self.target.new_cache()

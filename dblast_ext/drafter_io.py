@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from .checkpoint_files import check_weights_file, read_json_object
 from .drafter import DBlastDrafter, DrafterConfig
 
 _KNOWN = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -63,6 +64,7 @@ def config_from_json(raw: dict) -> DrafterConfig:
     if missing:
         raise ValueError(f"drafter config.json lacks {missing} (at the top level or in dflash_config): not a "
                          f"DFlash/DBLast checkpoint")
+    _check_field_types(raw)
     for key, allowed in _UNSUPPORTED.items():
         value = _draft_value(raw, key, allowed)
         if (value != allowed) if allowed is not None else bool(value):  # set to something that changes the math
@@ -87,6 +89,31 @@ def config_from_json(raw: dict) -> DrafterConfig:
         num_branches=raw.get("dblast_config", {}).get("num_branches", 1),
         extra=_extra_fields(raw),
     )
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_field_types(raw: dict) -> None:
+    """The sizes and ids the drafter is built from, each of the kind it must be: a wrong one
+    would otherwise surface as a shape error deep inside the first forward."""
+    sizes = ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"]
+    sizes += [k for k in ("num_key_value_heads", "head_dim") if raw.get(k) is not None]
+    for key in sizes:
+        if not _is_int(raw[key]) or raw[key] < 1:
+            raise ValueError(f"drafter config.json {key} must be a positive integer, got {raw[key]!r}")
+    block = _draft_value(raw, "block_size", 16)
+    if not _is_int(block) or block < 2:
+        raise ValueError(f"drafter config.json block_size must be an integer >= 2, got {block!r}")
+    mask = _draft_value(raw, "mask_token_id")
+    if not _is_int(mask) or not 0 <= mask < raw["vocab_size"]:
+        raise ValueError(f"drafter config.json mask_token_id must be a token id in [0, {raw['vocab_size']}), "
+                         f"got {mask!r}")
+    layers = _draft_value(raw, "target_layer_ids")
+    if not isinstance(layers, list) or not layers or not all(_is_int(i) and i >= 0 for i in layers):
+        raise ValueError(f"drafter config.json target_layer_ids must be a non-empty list of layer indices >= 0, "
+                         f"got {layers!r}")
 
 
 def _attention_layout(raw: dict):
@@ -170,6 +197,24 @@ def checkpoint_files(path: str):
     return files
 
 
+def read_config_file(config_path: str) -> DrafterConfig:
+    """A drafter checkpoint's config.json as the loader reads it; every failure names the file."""
+    raw = read_json_object(config_path)
+    try:
+        return config_from_json(raw)
+    except ValueError as error:
+        raise ValueError(f"{config_path}: {error}") from None
+    except (TypeError, KeyError, AttributeError) as error:  # a field of the wrong kind (a number as a list, ...)
+        raise ValueError(f"{config_path}: a field has the wrong type ({type(error).__name__}: {error})") from None
+
+
+def read_weights(weights_path: str) -> dict:
+    """A checkpoint's tensors; a damaged file (truncated, not safetensors) is named, where
+    safetensors' own error names neither the file nor what to do."""
+    check_weights_file(weights_path)
+    return load_file(weights_path)
+
+
 def _digest_fields(config: DrafterConfig) -> dict:
     """The config fields that fingerprint a drafter: every field the loader reads (not `extra`,
     kept and never read), an optional one only where it differs from its default, so a field
@@ -193,9 +238,9 @@ def checkpoint_digest(path: str) -> str:
     with the old one's; fields of config.json the loader does not read (those added for vLLM,
     say) and the file layout leave it unchanged."""
     config_path, weights_path = checkpoint_files(path)
-    with open(config_path) as f:
-        config = config_from_json(json.load(f))
+    config = read_config_file(config_path)
     digest = hashlib.sha256(json.dumps(_digest_fields(config), sort_keys=True).encode())
+    check_weights_file(weights_path)
     with safe_open(weights_path, framework="pt") as f:
         for name in sorted(f.keys()):
             tensor = f.get_tensor(name).contiguous()
@@ -211,16 +256,18 @@ def load_drafter(path: str, target=None, num_branches: Optional[int] = None, *,
     branches start near the DFlash drafter but differ. `target` (a Hugging Face causal LM),
     when given, is checked for compatibility."""
     config_path, weights_path = checkpoint_files(path)
-    with open(config_path) as f:
-        config = config_from_json(json.load(f))
+    config = read_config_file(config_path)
     if target is not None:
         check_against_target(config, target.config)
     drafter = DBlastDrafter(config)
-    state = load_file(weights_path)
-    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    state = read_weights(weights_path)
+    try:
+        missing, unexpected = drafter.load_state_dict(state, strict=False)
+    except RuntimeError as error:  # a tensor of the wrong shape for config.json
+        raise ValueError(f"{weights_path} does not match {config_path}: {error}") from None
     if missing or unexpected:
-        raise ValueError(f"checkpoint does not match the drafter architecture: missing {sorted(missing)}, "
-                         f"unexpected {sorted(unexpected)}")
+        raise ValueError(f"{weights_path} does not match the drafter architecture of {config_path}: missing "
+                         f"{sorted(missing)}, unexpected {sorted(unexpected)}")
     dtype = next(iter(state.values())).dtype if state else torch.float32
     drafter = drafter.to(dtype)
     if num_branches is not None and num_branches != drafter.num_branches:

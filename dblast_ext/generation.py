@@ -6,7 +6,8 @@ Each prompt draws its uniforms from its own generator, seeded by its own seed, i
 order whatever else is in the batch: a row's output depends on its prompt and seed only.
 """
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+import numbers
+from typing import List, Optional, Sequence, Set
 
 import torch
 
@@ -41,42 +42,109 @@ class GenerationOutput:
     cycles: List[CycleRecord] = field(default_factory=list)
 
 
-def prompt_tensor(input_ids, max_new_tokens: int, device) -> torch.Tensor:
-    """One prompt as a [1, T] int64 tensor on `device`, checked before any model runs."""
-    ids = torch.as_tensor(input_ids, dtype=torch.int64, device=device)
+def _token_ids(value, what: str) -> torch.Tensor:
+    """`value` (a tensor or a nested sequence) as an int64 tensor, refusing anything that is
+    not integer ids: a float prompt would otherwise be truncated to ids silently."""
+    try:
+        ids = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{what} must be token ids (a tensor or a list of integers): {error}") from None
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise ValueError(f"{what} must hold integer token ids, got {str(ids.dtype).replace('torch.', '')} values")
+    return ids.to(torch.int64)
+
+
+def _check_vocabulary(ids: torch.Tensor, vocab_size: Optional[int], what: str) -> None:
+    """Every id of a [T] prompt in [0, vocab_size), else an error naming the first bad id and
+    its position (the embedding's own error names neither)."""
+    if vocab_size is None:
+        return
+    bad = ((ids < 0) | (ids >= vocab_size)).nonzero()
+    if len(bad):
+        position = int(bad[0, 0])
+        raise ValueError(f"{what}: token id {int(ids[position])} at position {position} is outside the target's "
+                         f"vocabulary [0, {vocab_size})")
+
+
+def prompt_tensor(input_ids, max_new_tokens: int, device, vocab_size: Optional[int] = None) -> torch.Tensor:
+    """One prompt as a [1, T] int64 tensor on `device`, checked before any model runs (integer
+    ids, each in [0, vocab_size) when it is given)."""
+    if not isinstance(input_ids, torch.Tensor) and hasattr(input_ids, "__len__") and len(input_ids) == 0:
+        raise ValueError("input_ids is empty: the prompt needs at least one token")
+    ids = _token_ids(input_ids, "input_ids")
     ids = ids.view(1, -1) if ids.dim() == 1 else ids
     if ids.dim() != 2 or ids.shape[0] != 1:
         raise ValueError(f"input_ids must be one prompt ([T] or [1, T]), got shape {tuple(ids.shape)}")
     if ids.shape[1] == 0:
         raise ValueError("input_ids is empty: the prompt needs at least one token")
-    if max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
-    return ids
+    _check_vocabulary(ids[0], vocab_size, "input_ids")
+    check_max_new_tokens(max_new_tokens)
+    return ids.to(device)
 
 
-def prompt_lists(prompts, max_new_tokens: int) -> List[List[int]]:
+def prompt_lists(prompts, max_new_tokens: int, vocab_size: Optional[int] = None) -> List[List[int]]:
     """A batch of prompts (a list of token-id sequences, or a [N, T] tensor) as lists, each
-    checked like a single prompt, before any model runs."""
+    checked like a single prompt, before any model runs; errors name the row."""
     if isinstance(prompts, torch.Tensor):
+        prompts = _token_ids(prompts, "prompts")
         if prompts.dim() != 2:
             raise ValueError(f"prompts as a tensor must be [N, T], got shape {tuple(prompts.shape)}")
-        prompts = prompts.tolist()
+    elif isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
+        raise ValueError(f"prompts must be a list of prompts (token-id sequences) or an [N, T] tensor, "
+                         f"got {type(prompts).__name__}")
     prompts = list(prompts)
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt")
     rows = []
     for index, prompt in enumerate(prompts):
         try:
-            if isinstance(prompt, torch.Tensor):  # (lists stay lists: no tensor round trip)
-                prompt = prompt_tensor(prompt, max_new_tokens, "cpu")[0].tolist()
-            rows.append([int(token) for token in prompt])
-            if not rows[-1]:
-                raise ValueError("input_ids is empty: the prompt needs at least one token")
-        except (TypeError, ValueError) as error:
+            if isinstance(prompt, torch.Tensor):
+                rows.append(prompt_tensor(prompt, 1, "cpu", vocab_size)[0].tolist())
+            else:  # lists stay lists: no tensor round trip (nor a host read to count)
+                rows.append(_id_list(prompt, vocab_size))
+        except ValueError as error:
             raise ValueError(f"prompts[{index}]: {error}") from None
-    if max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+    check_max_new_tokens(max_new_tokens)
     return rows
+
+
+def _id_list(prompt, vocab_size: Optional[int]) -> List[int]:
+    """A prompt given as a sequence of ints, checked as prompt_tensor checks a tensor."""
+    if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__iter__"):
+        raise ValueError(f"input_ids must be token ids (a tensor or a list of integers), got {type(prompt).__name__}")
+    ids = list(prompt)
+    if not ids:
+        raise ValueError("input_ids is empty: the prompt needs at least one token")
+    for position, token in enumerate(ids):
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+            raise ValueError(f"input_ids must hold integer token ids, got {token!r} at position {position}")
+        if vocab_size is not None and not 0 <= token < vocab_size:
+            raise ValueError(f"input_ids: token id {int(token)} at position {position} is outside the target's "
+                             f"vocabulary [0, {vocab_size})")
+    return [int(token) for token in ids]
+
+
+def check_max_new_tokens(max_new_tokens) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be an integer > 0, got {max_new_tokens!r}")
+
+
+def stop_id_set(stop_token_ids, vocab_size: Optional[int] = None) -> Set[int]:
+    """The stop ids as a set, each an integer id in [0, vocab_size): an id outside the
+    vocabulary could never stop anything, so it is a mistake, not a no-op."""
+    if stop_token_ids is None or (not isinstance(stop_token_ids, torch.Tensor) and hasattr(stop_token_ids, "__len__")
+                                  and len(stop_token_ids) == 0):
+        return set()
+    if isinstance(stop_token_ids, (str, bytes)) or not hasattr(stop_token_ids, "__iter__"):
+        raise ValueError(f"stop_token_ids must be a list of token ids, got {stop_token_ids!r}")
+    ids = _token_ids(list(stop_token_ids) if not isinstance(stop_token_ids, torch.Tensor) else stop_token_ids,
+                     "stop_token_ids").view(-1)
+    if vocab_size is not None:
+        for index, token in enumerate(ids.tolist()):
+            if not 0 <= token < vocab_size:
+                raise ValueError(f"stop_token_ids[{index}] = {token} is outside the target's vocabulary "
+                                 f"[0, {vocab_size})")
+    return set(ids.tolist())
 
 
 # the decode loops' target KV caches: compacted after each cycle (dblast_ext.ragged_cache), or fixed
@@ -123,5 +191,5 @@ def keep_until_stop(tokens: Sequence[int], generated: List[int], stops, max_new_
     return False
 
 
-__all__ = ["CycleRecord", "GenerationOutput", "prompt_tensor", "prompt_lists", "row_generators", "draw_uniforms",
-           "keep_until_stop", "append_context", "TARGET_CACHES", "check_target_cache"]
+__all__ = ["CycleRecord", "GenerationOutput", "prompt_tensor", "prompt_lists", "stop_id_set", "check_max_new_tokens",
+           "row_generators", "draw_uniforms", "keep_until_stop", "append_context", "TARGET_CACHES", "check_target_cache"]

@@ -15,6 +15,7 @@ from typing import Optional, Tuple
 import torch
 
 from .results import BranchArgmax, SampledTokens, VerifyResult, draw_uniforms
+from .sampling import check_temperature, check_top_k, check_top_p
 
 __all__ = ["branch_verify", "mixture_verify", "sample_tokens", "branch_argmax", "drafter_attention", "VerifyResult",
            "BranchArgmax", "SampledTokens", "CPU_ONLY_OPS"]
@@ -47,6 +48,7 @@ def branch_verify(target_logits: torch.Tensor, branch_tokens: torch.Tensor, bran
         VerifyResult(num_accepted [N] int32, output_tokens [N, b+1] int64,
         accept_probs [N, b] float32).
     """
+    _check_wrapper_filter(temperature, top_k, top_p)
     uniforms = draw_uniforms(target_logits, uniforms, generator)
     return VerifyResult(*torch.ops.dblast.branch_verify(
         target_logits, branch_tokens, branch_prior, branch, uniforms,
@@ -70,6 +72,7 @@ def mixture_verify(target_logits: torch.Tensor, draft_logits: torch.Tensor, bran
 
     With K = 1 this is standard speculative sampling.
     """
+    _check_wrapper_filter(temperature, top_k, top_p)
     uniforms = draw_uniforms(target_logits, uniforms, generator)
     return VerifyResult(*torch.ops.dblast.mixture_verify(
         target_logits, draft_logits, branch_prior, draft_tokens, uniforms,
@@ -95,6 +98,7 @@ def sample_tokens(logits: torch.Tensor, uniforms: Optional[torch.Tensor] = None,
 
     Returns SampledTokens(tokens [R] int64, query_probs [R, C] float32).
     """
+    _check_wrapper_filter(temperature, top_k, top_p)
     if uniforms is None:
         if logits.dim() != 2:
             raise ValueError(f"logits must be [R, V], got shape {tuple(logits.shape)}")
@@ -223,10 +227,18 @@ def _check_uniforms(uniforms: torch.Tensor, rows, num_draft, target_logits: torc
                        lambda: f"uniforms must have shape [{rows}, {num_draft + 1}], got {_sizes(uniforms)}")
 
 
-def _check_filter(temperature: float, top_p: float) -> None:
-    _check_finite(temperature, temperature >= 0.0, f"temperature must be finite and >= 0, got {temperature}")
-    _check_finite(top_p, top_p > 0.0, f"top_p must be in (0, 1], got {top_p}")
-    # top_k: any value (<= 0 or >= V disables the filter)
+def _check_filter(temperature: float, top_k: int, top_p: float) -> None:
+    # the sampling settings' one rule (dblast_ext.sampling; the C++ host checks repeat it)
+    check_temperature(temperature)
+    check_top_k(top_k)
+    check_top_p(top_p)
+
+
+def _check_wrapper_filter(temperature, top_k, top_p) -> None:
+    """The wrappers' check, before int() / float() would turn a top_k of 2.5 into 2. Under
+    torch.compile the scalars may be symbolic: the fake kernel checks them then, as traced."""
+    if not torch.compiler.is_compiling():
+        _check_filter(temperature, top_k, top_p)
 
 
 def _verify_outputs(target_logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -253,7 +265,7 @@ def _branch_verify_fake(target_logits, branch_tokens, branch_prior, branch, unif
     torch._check_value(branch.dim() == 1 and branch.size(0) == rows,
                        lambda: f"branch must have shape [{rows}], got {_sizes(branch)}")
     _check_uniforms(uniforms, rows, num_draft, target_logits)
-    _check_filter(temperature, top_p)
+    _check_filter(temperature, top_k, top_p)
     return _verify_outputs(target_logits)
 
 
@@ -275,7 +287,7 @@ def _mixture_verify_fake(target_logits, draft_logits, branch_prior, draft_tokens
     torch._check_value(draft_tokens.dim() == 2 and draft_tokens.size(0) == rows and draft_tokens.size(1) == num_draft,
                        lambda: f"draft_tokens must have shape [{rows}, {num_draft}], got {_sizes(draft_tokens)}")
     _check_uniforms(uniforms, rows, num_draft, target_logits)
-    _check_filter(temperature, top_p)
+    _check_filter(temperature, top_k, top_p)
     _check_finite(draft_temperature, draft_temperature > 0.0,
                   f"draft_temperature must be finite and > 0, got {draft_temperature}")
     return _verify_outputs(target_logits)
@@ -298,7 +310,7 @@ def _sample_tokens_fake(logits, uniforms, temperature, top_k, top_p, query_token
                        lambda: f"query_tokens must be int64, got {_dtype_name(query_tokens.dtype)}")
     torch._check_value(query_tokens.dim() == 2 and query_tokens.size(0) == rows,
                        lambda: f"query_tokens must have shape [{rows}, C], got {_sizes(query_tokens)}")
-    _check_filter(temperature, top_p)
+    _check_filter(temperature, top_k, top_p)
     return (logits.new_empty((rows,), dtype=torch.int64),
             logits.new_empty(tuple(query_tokens.shape), dtype=torch.float32))
 

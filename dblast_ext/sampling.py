@@ -2,6 +2,7 @@
 filtered distribution by inverse CDF on a uniform (the verifier's rule for its final token,
 the target-only baseline's and the training data's)."""
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -10,9 +11,37 @@ import torch
 from . import reference
 
 
+# One rule per sampling setting, used by every entry point (SamplingParams, the CLI, dblast eval,
+# the vLLM plugin's settings, the ops' wrappers and the C++ host checks, which repeat it for direct
+# torch.ops calls), so that a typo in a filter is an error rather than a silently different
+# distribution. `name` is how the caller spells the argument ("top_k", "--top-k", ...).
+
+
+def check_temperature(value, name: str = "temperature") -> float:
+    """A finite number >= 0 (0 = greedy)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0 (0 = greedy), got {value!r}")
+    return float(value)
+
+
+def check_top_k(value, name: str = "top_k") -> int:
+    """An integer >= 0 (0 = off; k >= the vocabulary keeps every token)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0 (0 = off), got {value!r}")
+    return int(value)
+
+
+def check_top_p(value, name: str = "top_p") -> float:
+    """A number in (0, 1] (1 = off)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= 1:  # NaN fails too
+        raise ValueError(f"{name} must be a number in (0, 1] (1 = off), got {value!r}")
+    return float(value)
+
+
 @dataclass
 class SamplingParams:
-    """The target's filter: T (0 = greedy), top-k (<= 0 off), top-p (>= 1 off)."""
+    """The target's filter: T (0 = greedy), top-k (0 = off), top-p (1 = off); each checked by
+    the rule above when it is made."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -20,11 +49,10 @@ class SamplingParams:
 
     def __post_init__(self):
         # checked here, not at the first kernel call: target-only sampling (the baseline, the
-        # oracle, early determinism) never reaches a kernel, and NaN passes every comparison
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
-        if not (math.isfinite(self.top_p) and self.top_p > 0):
-            raise ValueError(f"top_p must be a finite number > 0 (>= 1: off), got {self.top_p}")
+        # oracle, early determinism) never reaches a kernel
+        self.temperature = check_temperature(self.temperature)
+        self.top_k = check_top_k(self.top_k)
+        self.top_p = check_top_p(self.top_p)
 
     def kwargs(self) -> dict:
         return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)

@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import torch
 
+from .checkpoint_files import check_weights_file, read_json_object
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -49,6 +51,23 @@ def _transformers_progress_bars(enabled: bool):
             hf_logging.enable_progress_bar()
 
 
+# the JSON files of a transformers model directory that from_pretrained reads when present
+_TARGET_JSON_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
+                      "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "added_tokens.json")
+
+
+def check_target_files(path: str) -> None:
+    """Every file of a local target that loading reads, checked before anything loads: a damaged
+    one (not JSON, a truncated safetensors) is named with what is wrong, where transformers and
+    tokenizers would fail with an error naming neither."""
+    for name in _TARGET_JSON_FILES:
+        if os.path.isfile(os.path.join(path, name)):
+            read_json_object(os.path.join(path, name))
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors"):
+            check_weights_file(os.path.join(path, name))
+
+
 def load_target(path: str, *, device: Optional[str] = None, dtype: str = "auto", progress: bool = True):
     """(model, tokenizer) from a local directory holding a transformers causal LM
     (config.json, weights, tokenizer files), or "default" for the embedded SmolLM2.
@@ -62,6 +81,7 @@ def load_target(path: str, *, device: Optional[str] = None, dtype: str = "auto",
                                 "directory with config.json, the weights and the tokenizer files)")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"target directory {path!r} has no config.json: not a transformers model")
+    check_target_files(path)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:  # the kernels need no transformers; the decode loop does

@@ -130,11 +130,11 @@ def test_batch_costs_are_interpolated_between_measured_sizes():
 
 
 def test_a_cost_table_round_trips_and_bad_files_are_named(tmp_path):
-    table = CostTable({"machine": "m"}, {1: [0.01, 0.02], 2: [0.02, 0.03]}, [0.01, 0.05])
+    table = CostTable({"machine": "m"}, {1: [0.01, 0.02], 2: [0.02, 0.03]}, [0.01, 0.05], {1: 1e-4, 2: 3e-4}, 2e-4)
     path = str(tmp_path / "costs.json")
     table.save(path)
     again = CostTable.load(path)
-    assert again.chain == table.chain and again.tree == table.tree and again.key == table.key
+    assert again == table
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="bad.json: not JSON"):
@@ -142,9 +142,51 @@ def test_a_cost_table_round_trips_and_bad_files_are_named(tmp_path):
     bad.write_text(json.dumps({"version": 99}))
     with pytest.raises(ValueError, match="bad.json: not a dblast cost table"):
         CostTable.load(str(bad))
-    bad.write_text(json.dumps({"version": 1, "chain": {"1": [0.01, -1]}}))
+    bad.write_text(json.dumps({"version": 1, "chain": {"1": [0.01, 0.02]}}))  # before the catch-up costs
+    with pytest.raises(ValueError, match="bad.json: not a dblast cost table of version 2"):
+        CostTable.load(str(bad))
+    bad.write_text(json.dumps({"version": 2, "chain": {"1": [0.01, -1]}}))
     with pytest.raises(ValueError, match="bad.json: every cost"):
         CostTable.load(str(bad))
+    bad.write_text(json.dumps({"version": 2, "chain": {"1": [0.01, 0.02]}, "chain_catch_up": {"1": float("nan")}}))
+    with pytest.raises(ValueError, match="bad.json: every catch-up cost"):
+        CostTable.load(str(bad))
+
+
+def test_catch_up_costs_are_interpolated_and_default_to_none():
+    table = CostTable(chain={1: [1.0, 2.0], 4: [4.0, 8.0]}, chain_catch_up={1: 1.0, 4: 4.0})
+    assert [table.catch_up(n) for n in (1, 2, 4, 16)] == pytest.approx([1.0, 2.0, 4.0, 4.0])
+    assert CostTable(chain={1: [1.0, 2.0]}).catch_up(3) == 0.0
+
+
+def started(costs, catch_up, rows=1, acceptance=0.9, cycles=20):
+    """An adaptive controller that has seen `cycles` cycles of `acceptance` at every position."""
+    controller = AdaptiveDepth()
+    controller.start(rows, len(costs) - 1, costs, catch_up)
+    for _ in range(cycles):
+        controller.observe(len(costs) - 1, [[acceptance] * (len(costs) - 1)] * rows)
+    return controller
+
+
+def test_drafting_resumes_only_when_it_repays_reading_the_unseen_context():
+    costs = [1.0, 1.2, 1.25, 1.3]  # drafting pays per cycle: E(3) ~ 3.4 tokens for 1.3 steps
+    controller = started(costs, catch_up=0.01)
+    assert controller.depth(unseen=2, remaining=100) == 3  # steady drafting: nothing to catch up
+    # 500 unseen tokens cost 5 s to read; 100 tokens to go save ~100 * (1 - 1.3 / 3.4) ~ 62 s of plain steps
+    assert controller.depth(unseen=500, remaining=100) == 3
+    # with 5 tokens to go the catch-up costs more than drafting saves: a plain step
+    assert controller.depth(unseen=500, remaining=5) == 0
+    # no catch-up cost measured: the unseen context is free
+    assert started(costs, catch_up=0.0).depth(unseen=500, remaining=5) == 3
+
+
+def test_probes_stop_where_their_catch_up_outgrows_the_budget():
+    costs = [1.0, 3.0, 3.1, 3.2]  # drafting cannot pay at this acceptance: d* = 0, probes only
+    cheap = started(costs, catch_up=1e-5, acceptance=0.3)
+    dear = started(costs, catch_up=1.0, acceptance=0.3)
+    cheap_depths = [cheap.depth(unseen=2 + i, remaining=1000) for i in range(400)]
+    dear_depths = [dear.depth(unseen=2 + i, remaining=1000) for i in range(400)]
+    assert any(cheap_depths) and not any(dear_depths)
 
 
 def test_the_decoder_names_a_bad_controller_or_cost_table(tmp_path):
@@ -161,7 +203,7 @@ def test_the_decoder_names_a_bad_controller_or_cost_table(tmp_path):
 def test_a_controller_choosing_a_depth_outside_the_block_is_named(tmp_path):
     dec = make_decoder(tmp_path, branches=2, block_size=4, controller=ScriptedDepth([9]))
     dec.controller.max_depth = 9  # a controller that ignores the block it was given
-    dec.controller.start = lambda rows, max_depth, costs=None: None
+    dec.controller.start = lambda rows, max_depth, costs=None, catch_up=0.0: None
     with pytest.raises(ValueError, match="depth 9: a cycle verifies 0..3 drafts"):
         dec.generate(PROMPTS[0], max_new_tokens=6)
 

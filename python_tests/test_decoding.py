@@ -270,7 +270,7 @@ def test_a_bad_filter_fails_before_any_sampling(kwargs, message):
     # target-only sampling never reaches the kernels' checks: the filter is checked when made
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
-    assert SamplingParams(temperature=0.0, top_k=20, top_p=1.5).top_p == 1.5  # >= 1: off
+    assert SamplingParams(temperature=0.0, top_k=20, top_p=1.0).top_p == 1.0  # 1: off (above 1: an error)
 
 
 def test_drafter_target_mismatch_fails_clearly(tmp_path):

@@ -345,7 +345,7 @@ def test_diagnose_determinism_refuses_a_baseline_of_another_block_size(setup, ca
 def test_diagnose_determinism_truncates_responses_before_their_stop_token(setup, monkeypatch):
     import dblast_ext.eval.determinism as determinism
     from dblast_ext.decoding import SpeculativeDecoder
-    stops = list(range(0, 1000, 2))  # even ids stop a response: most end within a few tokens
+    stops = list(range(0, 100, 2))  # even ids stop a response: most end within a few tokens
     monkeypatch.setattr(determinism, "stop_token_ids", lambda model, tokenizer: stops)
     anchors, first_cycle = [], SpeculativeDecoder.first_cycle
     monkeypatch.setattr(SpeculativeDecoder, "first_cycle",

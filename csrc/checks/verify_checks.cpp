@@ -25,11 +25,13 @@ void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* n
               t.device());
 }
 
+// the sampling settings' one rule, worded as dblast_ext/sampling.py words it (direct torch.ops
+// calls skip the Python wrappers): a negative top_k or a top_p above 1 is a mistake, not "off"
 void check_filter_args(double temperature, int64_t top_k, double top_p) {
   TORCH_CHECK_VALUE(std::isfinite(temperature) && temperature >= 0.0,
-              "temperature must be finite and >= 0, got ", temperature);
-  TORCH_CHECK_VALUE(std::isfinite(top_p) && top_p > 0.0, "top_p must be in (0, 1], got ", top_p);
-  (void)top_k;  // any value: <= 0 or >= V disables the filter
+              "temperature must be a finite number >= 0 (0 = greedy), got ", temperature);
+  TORCH_CHECK_VALUE(top_k >= 0, "top_k must be an integer >= 0 (0 = off), got ", top_k);
+  TORCH_CHECK_VALUE(top_p > 0.0 && top_p <= 1.0, "top_p must be a number in (0, 1] (1 = off), got ", top_p);
 }
 
 void check_uniforms(const at::Tensor& uniforms, int64_t rows, int64_t num_draft, const at::Tensor& ref) {

@@ -1,7 +1,5 @@
 """Flags, checks and loading shared by the subcommands."""
 import argparse
-import json
-import math
 import os
 from typing import Optional
 
@@ -10,8 +8,10 @@ import torch
 from ..adaptive import CONTROLLERS
 from ..decoding import TREE_EXTRA_LEAVES, VERIFY_MODES, SamplingParams, SpeculativeDecoder
 from ..drafter import DrafterConfig
-from ..drafter_io import checkpoint_files, config_from_json, load_drafter
+from ..checkpoint_files import check_weights_file
+from ..drafter_io import checkpoint_files, load_drafter, read_config_file
 from ..fastest_settings import fastest_exact_settings
+from ..sampling import check_temperature, check_top_k, check_top_p
 from ..target_loading import check_target_path, default_device, load_target, resolve_dtype
 
 
@@ -179,10 +179,9 @@ def add_sampling_args(p, temperature: float = 1.0) -> None:
 
 
 def check_sampling_args(args) -> None:
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):  # NaN passes `< 0`
-        raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    check_temperature(args.temperature, "--temperature")  # the rules SamplingParams applies, named as flags
+    check_top_k(args.top_k, "--top-k")
+    check_top_p(args.top_p, "--top-p")
     if args.max_new_tokens <= 0:
         raise ValueError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
 
@@ -222,12 +221,13 @@ def check_target_args(args) -> None:
 def read_checkpoint_config(path: str, flag: str) -> DrafterConfig:
     """A drafter checkpoint's config from its config.json alone; errors name `flag`."""
     try:
-        config_path, _ = checkpoint_files(path)
-        with open(config_path) as f:
-            return config_from_json(json.load(f))
+        config_path, weights_path = checkpoint_files(path)
+        config = read_config_file(config_path)
+        check_weights_file(weights_path)  # its header: a damaged file is named before the target loads
+        return config
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{flag}: {e}") from None
-    except ValueError as e:  # not JSON, or not a DFlash/DBLast config
+    except ValueError as e:  # not JSON, or not a DFlash/DBLast config (the message names the file)
         raise ValueError(f"{flag}: {e}") from None
 
 

@@ -41,7 +41,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from .. import ops
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, check_temperature, check_top_k, check_top_p
 from ..target import cache_argument, last_position_logits_arguments
 from ..prompts import Prompt, chat_messages
 from ..jsonl import append_jsonl, read_jsonl
@@ -235,10 +235,8 @@ def generate_training_data(model, tokenizer, prompts: List[Prompt], out_path: st
                         ("batch_size", batch_size)):
         if not _is_int(value) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if sampling.temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {sampling.temperature}")
-    if not 0 < sampling.top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
+    # SamplingParams checked its fields when made; again here, as a field may have been set since
+    check_temperature(sampling.temperature), check_top_k(sampling.top_k), check_top_p(sampling.top_p)
     settings = sampling_settings(sampling, max_new_tokens, seed)
     done = check_existing(out_path, settings)
     stops = stop_token_ids(model, tokenizer)

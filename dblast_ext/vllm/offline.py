@@ -45,8 +45,19 @@ def cpu_runtime_env(env: Optional[dict] = None) -> dict:
     return env
 
 
+def check_spec_sampling(spec: dict) -> None:
+    """The spec's sampling settings by the package's one rule (dblast_ext.sampling), before an
+    engine starts: vLLM reads a negative top_k as off and would not say that `top_k: -3` was a typo."""
+    from ..sampling import check_temperature, check_top_k, check_top_p
+
+    check_temperature(spec.get("temperature"), "spec temperature")
+    check_top_k(spec.get("top_k", 0), "spec top_k")
+    check_top_p(spec.get("top_p", 1.0), "spec top_p")
+
+
 def run_in_subprocess(spec: dict, extra_env: Optional[dict] = None, timeout: float = 1200) -> dict:
     """Runs `spec` in a fresh interpreter (see the module docstring) and returns its result."""
+    check_spec_sampling(spec)
     env = cpu_runtime_env()
     env.update(extra_env or {})
     folder = tempfile.gettempdir()

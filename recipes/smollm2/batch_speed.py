@@ -4,7 +4,8 @@ alone batched the same way (`SpeculativeDecoder.generate_batch` against
 filter), at several batch sizes, with each of the loop's target caches (`--target-caches`:
 "dynamic", compacted after each cycle, and "static", fixed slots; dblast_ext.slot_cache) and each
 drafting controller (`--controllers`: "adaptive", the default, and "off", every cycle verifying
-the whole block; dblast_ext.adaptive), side by side in one process. Run it on idle cores.
+the whole block; dblast_ext.adaptive), side by side in one process. Every batch is generated
+twice by each engine and the second, warm run timed. Run it on idle cores.
 
     OMP_NUM_THREADS=2 python recipes/smollm2/batch_speed.py --out results/smollm2/batch
 
@@ -88,13 +89,15 @@ def main():
             decoder.target_cache = cache[0] if cache else "dynamic"
             decoder.controller = cache[1] if cache else "off"
             run = decoder.generate_batch if cache else decoder.generate_autoregressive_batch
-            # untimed first: a CPU builds its kernels for every new shape once, and the first run of a
-            # batch size would pay for the shapes the next runs reuse (2026-12-05: 1.6x a warm pass at 16)
-            run(prompts[:batch], sampling, 8, stops, seeds=seeds[:batch])
             tokens = seconds = passes = drafted = 0
             for first in range(0, len(prompts), batch):
-                outs, wall = timed(run, prompts[first:first + batch], sampling, args.max_new_tokens, stops,
-                                   seeds=seeds[first:first + batch])
+                chunk = (prompts[first:first + batch], sampling, args.max_new_tokens, stops)
+                # each batch is generated twice and the second run timed: a CPU builds its kernels once
+                # for every new (rows, cache length) shape, and whichever engine ran a batch first would
+                # pay for shapes the others reuse (2026-12-05: a cold pass at batch 16 took 1.6x a warm
+                # one); with the same seeds the second run repeats the first token for token
+                run(*chunk, seeds=seeds[first:first + batch])
+                outs, wall = timed(run, *chunk, seeds=seeds[first:first + batch])
                 tokens += sum(len(o.token_ids) for o in outs)
                 seconds += wall
                 passes += max(len(o.cycles) for o in outs) if cache else 0
