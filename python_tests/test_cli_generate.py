@@ -86,6 +86,24 @@ def test_text_streams_to_stdout_and_figures_go_to_stderr(capsys, model_dirs):
     assert "n= 7" in streamed.err and "ceiling" in streamed.err
 
 
+@pytest.mark.parametrize("dtype,temperature,said", [("bfloat16", "0", True), ("float32", "0", False),
+                                                    ("bfloat16", "0.8", False)])
+def test_greedy_in_16_bits_says_what_exact_means(capsys, model_dirs, dtype, temperature, said):
+    target, drafter = model_dirs
+    assert main(["generate", "--target", target, "--drafter", drafter, "--prompt", PROMPT, "--max-new-tokens", "4",
+                 "--temperature", temperature, "--dtype", dtype]) == 0
+    err = capsys.readouterr().err
+    assert ("near-tie can resolve differently" in err and "--dtype float32" in err) == said, err
+
+
+def test_the_exactness_line_is_precise_for_each_dtype():
+    from dblast_ext.cli.display import exactness_line
+
+    assert exactness_line(torch.float32, 0.0).endswith("greedy, it is the target's own greedy output token for token")
+    assert "token for token" not in exactness_line(torch.float32, 0.7)
+    assert "in bfloat16 a pass over a block rounds unlike a one-token step" in exactness_line(torch.bfloat16, 0.0)
+
+
 def test_compare_ar_reports_a_speedup(capsys, model_dirs):
     target, drafter = model_dirs
     out = run_json(capsys, "--target", target, "--drafter", drafter, "--prompt", PROMPT, "--max-new-tokens", "16",

@@ -102,6 +102,35 @@ def test_greedy_equals_the_targets_own_greedy_output_with_the_adaptive_controlle
 
 
 @needs_smollm2
+def test_float32_greedy_equals_the_targets_own_at_the_cpu_settings(target, tmp_path, monkeypatch):
+    """The equality mode of issue 50: float32 at the settings the CPU defaults use otherwise (a trie
+    of the likeliest branch nodes, an 8-token block, 8,192 draft ids, the adaptive controller)
+    gives the target's own greedy output on chat prompts (bfloat16 may flip near-ties there:
+    results/smollm2/greedy_equality)."""
+    from dblast_ext import load_drafter
+    from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
+    from dblast_ext.fastest_settings import fastest_exact_settings
+    from dblast_ext.target_loading import encode_messages
+
+    monkeypatch.setenv("DBLAST_COST_CACHE", str(tmp_path))
+    model, tokenizer = target
+    assert model.dtype == torch.float32
+    settings = fastest_exact_settings("cpu", "dblast-k4")
+    drafter = load_drafter("dblast-k4", target=model).float().eval()
+    drafter.config.block_size = settings.block_size
+    decoder = SpeculativeDecoder(model, drafter, draft_vocab=settings.draft_vocab, verify=settings.verify,
+                                 max_tree_nodes=settings.max_tree_nodes)
+    for question in ("Give me three tips for staying focused while studying.", "Write a haiku about autumn."):
+        ids = encode_messages(tokenizer, [{"role": "user", "content": question}])
+        out = decoder.generate(ids, SamplingParams(0.0), max_new_tokens=40)
+        with torch.no_grad():
+            prompt = torch.tensor([ids])
+            want = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                  max_new_tokens=40, eos_token_id=None)[0, len(ids):].tolist()
+        assert out.token_ids == want
+
+
+@needs_smollm2
 def test_sampled_generation_runs_and_is_reproducible(target):
     from dblast_ext.decoding import SamplingParams
 

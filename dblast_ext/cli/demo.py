@@ -13,7 +13,7 @@ from .common import (add_controller_args, add_draft_vocab_arg, add_runtime_args,
 from ..eval.metrics import speedup_ratio
 from ..eval.contention import contention_warning
 from ..foreign_load import timed
-from .display import acceptance_histogram, committed_length, drafting_line, rate
+from .display import acceptance_histogram, committed_length, drafting_line, exactness_line, rate
 
 DEMO_PROMPTS = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -66,6 +66,7 @@ def run(args) -> int:
     print(f"target SmolLM2-135M-Instruct ({dtype}), drafter {args.drafter} (K = {drafter.num_branches}, block "
           f"{drafter.config.block_size}{vocab}); temperature {args.temperature}, top-p {args.top_p}, top-k {args.top_k}, "
           f"up to {args.max_new_tokens} new tokens", file=out)
+    print(exactness_line(decoder.target.dtype, args.temperature), file=out)
     print((picked + "\n") if picked else "", file=out)
     prompts = [encode_messages(tokenizer, [{"role": "user", "content": text}]) for text in DEMO_PROMPTS[:args.prompts]]
     decoder.warm_up(prompts[0], sampling, target_only=not args.no_compare, stop_token_ids=stops)

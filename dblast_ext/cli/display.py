@@ -37,3 +37,16 @@ def drafting_line(depths) -> str:
     return (f"adaptive drafting: {len(drafted)} of {len(depths)} target passes verified drafts, "
             f"{sum(drafted) / len(drafted):.1f} drafts deep on average; {len(depths) - len(drafted)} were plain "
             "target steps (--controller off: every pass verifies the whole block)")
+
+
+def exactness_line(dtype, temperature: float) -> str:
+    """What is exact in this run, said precisely: the distribution always; greedy output equal
+    to the target's own one-token steps in float32 only (a verify pass over a block rounds unlike
+    a one-token step, and in 16 bits that can flip a near-tie)."""
+    name = str(dtype).replace("torch.", "")
+    if name == "float32":
+        return ("exact: the text follows the target's own distribution"
+                + ("; greedy, it is the target's own greedy output token for token" if temperature == 0 else ""))
+    return (f"exact: the text follows the target's distribution as its verify pass computes it; in {name} a "
+            "pass over a block rounds unlike a one-token step, so a near-tie can resolve differently from the "
+            "target's own greedy steps (--dtype float32 matches them token for token)")

@@ -4,13 +4,15 @@ optionally the speed-up over target-only sampling) to stderr or as JSON."""
 import json
 import sys
 
+import torch
+
 from ..target_loading import TextStream, encode_prompt, stop_token_ids
 from .common import (add_category_temperature_arg, add_model_args, add_sampling_args, check_args, load_decoder,
                      pick_fastest_settings, sampling_of)
 from ..eval.metrics import speedup_ratio
 from ..eval.contention import contention_warning
 from ..foreign_load import timed
-from .display import acceptance_histogram, committed_length, drafting_line, rate
+from .display import acceptance_histogram, committed_length, drafting_line, exactness_line, rate
 
 
 def add_parser(subparsers) -> None:
@@ -43,6 +45,8 @@ def run(args) -> int:
         print(picked, file=sys.stderr)
     decoder, tokenizer = load_decoder(args, args.category_temperature)
     target, drafter = decoder.target.model, decoder.drafter
+    if args.temperature == 0 and decoder.target.dtype != torch.float32:  # where "exact" needs its precise wording
+        print(exactness_line(decoder.target.dtype, 0.0), file=sys.stderr)
     ids = encode_prompt(tokenizer, prompt, args.chat, args.system)
     sampling = sampling_of(args)
     stops = [] if args.ignore_eos else stop_token_ids(target, tokenizer)

@@ -142,8 +142,9 @@ def main():
         names = [k for k in data["rows"][0] if k.startswith("speculative")]
         lines += [f"## Batches ({data['date']})", "",
                   f"Machine: {data['machine']}. `recipes/smollm2/batch_speed.py`, settings "
-                  f"`{json.dumps(data['settings'])}`; {data['prompts']} prompts in consecutive batches; speed-up "
-                  "over the target alone batched the same way.", "",
+                  f"`{json.dumps(data['settings'])}`; {data['prompts']} prompts in consecutive batches, each "
+                  "generated twice by each engine and the second (warm) run timed; speed-up over the target alone "
+                  "batched the same way.", "",
                   "| batch | " + " | ".join(f"{n} tok/s (speed-up; drafting cycles / cycles)" for n in names)
                   + " | target alone tok/s |", "| ---: |" + " ---: |" * (len(names) + 1)]
         for row in data["rows"]:
