@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from . import ops, reference
+from .dflash2 import CandidateSelector, GroupedDynamicConv
 
 
 @dataclass
@@ -43,7 +44,19 @@ class DrafterConfig:
     is_causal: Optional[bool] = None  # every layer causal (True) or not (False); None: sliding layers only
     input_embedding_scale: float = 1.0  # block embeddings = target embeddings x this
     num_branches: int = 1
+    # DFlash2 (dblast_ext.dflash2): convolutions around every sublayer, the candidate selector, and
+    # the draft logits' multiplier and soft-cap; None / 1.0: a DFlash (or DBLast) drafter
+    conv_kernel_size: Optional[int] = None
+    conv_group_size: Optional[int] = None
+    selector_rank: Optional[int] = None
+    selector_top_k: Optional[int] = None
+    output_multiplier: float = 1.0
+    final_logit_softcapping: Optional[float] = None
     extra: dict = field(default_factory=dict)  # other config.json fields, written back unchanged
+
+    @property
+    def is_dflash2(self) -> bool:
+        return self.conv_kernel_size is not None or self.selector_rank is not None
 
     def sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -133,19 +146,30 @@ class DrafterLayer(nn.Module):
         self.self_attn = DrafterAttention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = DrafterMLP(c)
+        if c.conv_kernel_size is not None:  # DFlash2: a convolution pair around each sublayer
+            self.attention_conv = GroupedDynamicConv(c.hidden_size, c.conv_kernel_size, c.conv_group_size)
+            self.mlp_conv = GroupedDynamicConv(c.hidden_size, c.conv_kernel_size, c.conv_group_size)
 
-    def forward(self, h: torch.Tensor, block_rope, attend: Callable) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, block_rope, attend: Callable, block: Optional[int] = None) -> torch.Tensor:
         """One layer over the block hidden states h [N, T, H] (inference: one block; training:
-        many blocks side by side). `attend(q, k_block, v_block)` -> [N, Hq, T, D] is where the
-        two differ: the inference pass attends to its cache through the attention op, training
-        to every block's context through a dense mask."""
+        many blocks side by side, each `block` long). `attend(q, k_block, v_block)` -> [N, Hq, T, D]
+        is where the two differ: the inference pass attends to its cache through the attention
+        op, training to every block's context through a dense mask."""
         attn = self.self_attn
+        convolved = hasattr(self, "attention_conv")
         x = self.input_layernorm(h)
+        if convolved:
+            taps = self.attention_conv.taps(x)
+            x = self.attention_conv.apply(x, taps, 0, block)
         q = attn.project_queries(x, block_rope)
         k_blk, v_blk = attn.project_keys_values(x, block_rope)
-        out = attend(q, k_blk, v_blk)
-        h = h + attn.o_proj(out.transpose(1, 2).reshape(h.shape[0], h.shape[1], -1))
-        return h + self.mlp(self.post_attention_layernorm(h))
+        out = attn.o_proj(attend(q, k_blk, v_blk).transpose(1, 2).reshape(h.shape[0], h.shape[1], -1))
+        h = h + (self.attention_conv.apply(out, taps, 1, block) if convolved else out)
+        x = self.post_attention_layernorm(h)
+        if not convolved:
+            return h + self.mlp(x)
+        taps = self.mlp_conv.taps(x)
+        return h + self.mlp_conv.apply(self.mlp(self.mlp_conv.apply(x, taps, 0, block)), taps, 1, block)
 
 
 class DrafterCache:
@@ -194,6 +218,9 @@ class DBlastDrafter(nn.Module):
         if config.num_branches > 1:
             self.branch_expander = nn.Linear(h, config.num_branches * h)
             self.prior_head = nn.Linear(h, config.num_branches)
+        if config.selector_rank is not None:
+            self.candidate_selector = CandidateSelector(h, config.vocab_size, config.selector_rank,
+                                                        config.selector_top_k)
 
     @property
     def num_branches(self) -> int:
@@ -310,6 +337,9 @@ class DBlastDrafter(nn.Module):
         would get identical gradients forever."""
         if self.num_branches != 1:
             raise ValueError(f"the drafter already has {self.num_branches} branches")
+        if self.config.is_dflash2:
+            raise ValueError("a DFlash2 drafter drafts one chain through its candidate selector: DBLast branches "
+                             "are not supported on it")
         if num_branches < 2:
             raise ValueError(f"num_branches must be >= 2 to add a branch head, got {num_branches}")
         h = self.config.hidden_size

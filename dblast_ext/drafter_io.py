@@ -28,12 +28,19 @@ _KNOWN = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attentio
 # dblast_ext.vllm registers with vLLM (kept here so writing a checkpoint never imports vLLM)
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
 DBLAST_ARCHITECTURE = "DFlashDBLastDraftModel"
+DFLASH2_ARCHITECTURE = "DFlash2DraftModel"
 # DFlash settings read from `dflash_config` first, then the top level (as DFlash's own loader does).
-_DRAFT_KEYS = ("mask_token_id", "target_layer_ids", "block_size", "input_embedding_scale")
+_DRAFT_KEYS = ("mask_token_id", "target_layer_ids", "block_size", "input_embedding_scale", "conv_kernel_size",
+               "conv_group_size", "selector_rank", "selector_top_k", "output_multiplier", "final_logit_softcapping")
+# DFlash2's settings (dblast_ext.dflash2), written back to `dflash_config` when set
+_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 # Settings that change the drafter's math in some DFlash variant and that this drafter does not
 # implement: refused rather than ignored. Value = what a checkpoint may hold and still load.
-_UNSUPPORTED = {"output_multiplier": 1.0, "final_logit_softcapping": None, "conv_kernel_size": None,
-                "selector_rank": None, "use_swa": None, "swa_window_size": None, "causal": None}
+_UNSUPPORTED = {"use_swa": None, "swa_window_size": None, "causal": None}
+# the candidate selector's codebooks are stored bare in the published checkpoints and with
+# `.weight` by some writers (transformers' save_pretrained of an Embedding): both load
+_CODEBOOK_SPELLINGS = {f"candidate_selector.{name}_codebook.weight": f"candidate_selector.{name}_codebook"
+                       for name in ("predecessor", "successor")}
 
 
 def _draft_value(raw: dict, name: str, default=None):
@@ -71,6 +78,7 @@ def config_from_json(raw: dict) -> DrafterConfig:
             raise ValueError(f"drafter config.json {key} = {value!r}: this DFlash variant is not supported "
                              f"(the drafter implements DFlash's Qwen3-style layers only)")
     layer_types, window = _attention_layout(raw)
+    dflash2 = _dflash2_fields(raw)
     heads = raw["num_attention_heads"]
     target_layer_ids = list(_draft_value(raw, "target_layer_ids"))
     is_causal = raw.get("is_causal")
@@ -87,8 +95,35 @@ def config_from_json(raw: dict) -> DrafterConfig:
         sliding_window=window, is_causal=None if is_causal is None else bool(is_causal),
         input_embedding_scale=float(_draft_value(raw, "input_embedding_scale", 1.0)),
         num_branches=raw.get("dblast_config", {}).get("num_branches", 1),
-        extra=_extra_fields(raw),
+        extra=_extra_fields(raw), **dflash2,
     )
+
+
+def _dflash2_fields(raw: dict) -> dict:
+    """DFlash2's settings (DrafterConfig fields), each checked: the convolution needs both its
+    sizes, the selector both of its own; the logits' multiplier and soft-cap are numbers."""
+    fields = {key: _draft_value(raw, key) for key in _DFLASH2_KEYS}
+    for first, second in (("conv_kernel_size", "conv_group_size"), ("selector_rank", "selector_top_k")):
+        if (fields[first] is None) != (fields[second] is None):
+            raise ValueError(f"drafter config.json sets {first if fields[first] is not None else second} without "
+                             f"{second if fields[first] is not None else first}: DFlash2 needs both")
+    for key, value in fields.items():
+        if value is not None and (not _is_int(value) or value < 1):
+            raise ValueError(f"drafter config.json {key} must be a positive integer, got {value!r}")
+    if fields["conv_group_size"] is not None and raw["hidden_size"] % fields["conv_group_size"]:
+        raise ValueError(f"drafter config.json conv_group_size {fields['conv_group_size']} does not divide "
+                         f"hidden_size {raw['hidden_size']}")
+    multiplier = _draft_value(raw, "output_multiplier", 1.0)
+    softcap = _draft_value(raw, "final_logit_softcapping")
+    if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)) or not multiplier > 0:
+        raise ValueError(f"drafter config.json output_multiplier must be a number > 0, got {multiplier!r}")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or softcap < 0):
+        raise ValueError(f"drafter config.json final_logit_softcapping must be a number >= 0, got {softcap!r}")
+    is_dflash2 = fields["conv_kernel_size"] is not None or fields["selector_rank"] is not None
+    if is_dflash2 and raw.get("dblast_config", {}).get("num_branches", 1) != 1:
+        raise ValueError("drafter config.json: a DFlash2 drafter with DBLast branches (dblast_config.num_branches "
+                         "> 1) is not supported")
+    return dict(fields, output_multiplier=float(multiplier), final_logit_softcapping=softcap or None)
 
 
 def _is_int(value) -> bool:
@@ -157,6 +192,11 @@ def config_to_json(c: DrafterConfig) -> dict:
                               "target_layer_ids": list(c.target_layer_ids)})
     if c.input_embedding_scale != 1.0:
         raw["dflash_config"]["input_embedding_scale"] = c.input_embedding_scale
+    for key in _DFLASH2_KEYS + ("final_logit_softcapping",):
+        if getattr(c, key) is not None:
+            raw["dflash_config"][key] = getattr(c, key)
+    if c.output_multiplier != 1.0:
+        raw["dflash_config"]["output_multiplier"] = c.output_multiplier
     if c.layer_types is not None:
         raw.update(layer_types=c.layer_types, sliding_window=c.sliding_window,
                    use_sliding_window=c.sliding_window is not None)
@@ -166,7 +206,8 @@ def config_to_json(c: DrafterConfig) -> dict:
         raw["dblast_config"] = {"num_branches": c.num_branches}
     # what vLLM (and transformers' AutoConfig) read to pick the model: DFlash's Qwen3-style
     # draft model, or this package's vLLM plugin class for a K-branch head (docs/serving.md)
-    raw["architectures"] = [DFLASH_ARCHITECTURE if c.num_branches == 1 else DBLAST_ARCHITECTURE]
+    raw["architectures"] = [DFLASH2_ARCHITECTURE if c.is_dflash2 else
+                            DFLASH_ARCHITECTURE if c.num_branches == 1 else DBLAST_ARCHITECTURE]
     raw.setdefault("model_type", "qwen3")
     return raw
 
@@ -260,7 +301,7 @@ def load_drafter(path: str, target=None, num_branches: Optional[int] = None, *,
     if target is not None:
         check_against_target(config, target.config)
     drafter = DBlastDrafter(config)
-    state = read_weights(weights_path)
+    state = {_CODEBOOK_SPELLINGS.get(name, name): tensor for name, tensor in read_weights(weights_path).items()}
     try:
         missing, unexpected = drafter.load_state_dict(state, strict=False)
     except RuntimeError as error:  # a tensor of the wrong shape for config.json

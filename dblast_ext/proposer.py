@@ -18,6 +18,7 @@ from typing import NamedTuple, Optional, Protocol, Sequence
 
 import torch
 
+from .dflash2 import draft_logits
 from .draft_vocabulary import DraftVocab, draft_vocabulary, end_of_sequence_ids
 from .drafter import DBlastDrafter, DrafterCache
 from .target import TargetAdapter
@@ -115,6 +116,8 @@ class DrafterProposer:
         hidden = self.drafter(self.target.embed(block_ids), context, cache, use_kernels=self.use_kernels,
                               context_lens=context_lens)
         prior = self.drafter.branch_prior(hidden[:, 0], self.category_temperature).float()
+        if hasattr(self.drafter, "candidate_selector"):  # DFlash2: one chain, the selector's
+            return Proposal(self.selected_tokens(anchors, hidden), prior)
         if self.top_tokens > 0:
             top_tokens, top_probs = self.ranked_tokens(hidden, self.top_tokens)
             return RankedProposal(top_tokens[..., 0].contiguous(), prior, top_tokens, top_probs)
@@ -130,6 +133,20 @@ class DrafterProposer:
         ids, rows = self._draft_vocab_head(native_dtype=True)
         local, probs = self.drafter.ranked_branch_tokens(block_hidden, rows, len(ids), m)
         return ids[local], probs
+
+    def selected_tokens(self, anchors: torch.Tensor, block_hidden: torch.Tensor) -> torch.Tensor:
+        """A DFlash2 drafter's chain [N, 1, b] over the draft vocabulary: the LM head's logits at
+        every draft position (times the output multiplier, soft-capped), then the candidate
+        selector's greedy walk from each anchor (dblast_ext.dflash2)."""
+        config = self.drafter.config
+        if self.draft_ids is None:
+            ids, rows = None, self.target.lm_head_weight[: self.target.vocab_size]
+        else:
+            ids, rows = self._draft_vocab_head(native_dtype=True)
+        hidden = block_hidden[:, 1:]
+        logits = draft_logits(hidden.to(rows.dtype) @ rows.T, config.output_multiplier,
+                              config.final_logit_softcapping)
+        return self.drafter.candidate_selector.walk(anchors, hidden, logits, ids)[:, None]
 
     def draft_tokens(self, block_hidden: torch.Tensor) -> torch.Tensor:
         """Every branch's greedy token at every draft position, [N, K, b], over the draft

@@ -58,6 +58,47 @@ def write_dflash_checkpoint(path, dtype=torch.float32, seed=0, **overrides) -> s
     return str(path)
 
 
+def dflash2_config(**overrides):
+    """A DFlash2 config in the published layout (dflash_config holds the block and the DFlash2
+    settings; every layer sliding, not causal) for the tiny Qwen3 shapes."""
+    config = dflash_config(architectures=["DFlash2DraftModel"], block_size=None, is_causal=False,
+                           layer_types=["sliding_attention"] * LAYERS, sliding_window=2048, use_sliding_window=True,
+                           dflash_config={"block_size": 4, "mask_token_id": 97, "target_layer_ids": TARGET_LAYERS,
+                                          "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8,
+                                          "selector_top_k": 4, "output_multiplier": 0.5,
+                                          "final_logit_softcapping": 20.0})
+    del config["block_size"]
+    config.update(overrides)
+    return config
+
+
+def dflash2_state(dtype=torch.float32, seed=0, codebook_suffix=""):
+    """DFlash's tensors plus DFlash2's, by their published names (codebooks bare unless
+    `codebook_suffix` is ".weight")."""
+    g = torch.Generator().manual_seed(seed + 1)
+    state = dflash_state(dtype, seed)
+    groups = H // 16
+    for i in range(LAYERS):
+        for conv in ("attention_conv", "mlp_conv"):
+            base = 0.3 * torch.randn(2, 2, H, generator=g)
+            base[:, 0] += 1.0  # near the identity, as a trained drafter starts
+            state[f"layers.{i}.{conv}.base_kernel"] = base.to(dtype)
+            state[f"layers.{i}.{conv}.kernel_projection.weight"] = (
+                0.1 * torch.randn(2 * 2 * groups, H, generator=g) / H ** 0.5).to(dtype)
+    state["candidate_selector.hidden_projection.weight"] = (torch.randn(8, H, generator=g) / H ** 0.5).to(dtype)
+    for name in ("predecessor", "successor"):
+        state[f"candidate_selector.{name}_codebook{codebook_suffix}"] = torch.randn(VOCAB, 8, generator=g).to(dtype)
+    return state
+
+
+def write_dflash2_checkpoint(path, dtype=torch.float32, seed=0, codebook_suffix="", **overrides) -> str:
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(dflash2_config(**overrides), f)
+    save_file(dflash2_state(dtype, seed, codebook_suffix), os.path.join(path, "model.safetensors"))
+    return str(path)
+
+
 def tiny_target(family: str = "qwen3", seed: int = 0, vocab_size: int = VOCAB, layers: int = 6):
     """A random causal LM of the drafter's hidden size with `layers` layers."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM

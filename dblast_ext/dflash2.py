@@ -1,0 +1,122 @@
+"""DFlash2's two additions to the DFlash drafter: grouped dynamic causal convolutions around each
+sublayer, and the candidate selector that picks each drafted token among the LM head's top-k
+given the token before it.
+
+Convolution (per layer, one around attention and one around the MLP; `kernel` taps, channels in
+groups of `group` sharing a dynamic tap). From the sublayer's normed input x [N, T, H] one
+projection gives per-position dynamic taps dyn [N, T, 2, kernel, H / group] (set 0 before the
+sublayer, set 1 after it); with base [2, kernel, H] the per-channel static taps,
+
+    conv_s(y)[t, c] = sum_{k < kernel} (base[s, k, c] + dyn[t, s, k, c // group]) * y[t - k, c],
+
+tap 0 the position itself, tap k the position k before it within the block (the anchor is the
+block's first position; taps reaching before it read zero, context positions never enter). The
+sublayer reads conv_0(x), and its output o enters the residual stream as conv_1(o).
+
+Selector: at each drafted position i (1..b) the top-k tokens of the draft logits (after the
+output multiplier and soft-capping) with their logits u as unary scores, and
+
+    score_i(c | p) = u_i(c) + < A[p] * (P h_i), B[c] >,
+
+A, B [V, R] the predecessor and successor codebooks, P [R, H] the hidden projection, h_i the
+position's final-normed state, p the token drafted before (the anchor at i = 1). Here the
+selector walks the block greedily (each position's best-scoring candidate, the lowest slot on
+ties): a deterministic chain, which greedy-branch verification checks exactly at any
+temperature. (The published loop can also sample the chain from softmax(score / T), which needs
+a verifier that knows each draft's probability.)
+"""
+from typing import Optional
+
+import torch
+from torch import nn
+
+__all__ = ["GroupedDynamicConv", "CandidateSelector", "draft_logits"]
+
+
+class GroupedDynamicConv(nn.Module):
+    """The convolution pair around one sublayer (module docstring). State-dict names as published:
+    `base_kernel` [2, kernel, H], `kernel_projection.weight` [2 * kernel * H / group, H]."""
+
+    def __init__(self, hidden: int, kernel: int, group: int):
+        super().__init__()
+        if kernel < 1 or group < 1 or hidden % group:
+            raise ValueError(f"conv_kernel_size must be >= 1 and conv_group_size a divisor of the hidden size "
+                             f"{hidden}, got {kernel} and {group}")
+        self.kernel, self.group, self.groups = kernel, group, hidden // group
+        self.base_kernel = nn.Parameter(torch.zeros(2, kernel, hidden))
+        self.kernel_projection = nn.Linear(hidden, 2 * kernel * self.groups, bias=False)
+
+    @torch.no_grad()
+    def make_identity(self) -> None:
+        """Taps that pass the input through unchanged (base tap 0 = 1, every other tap and the
+        projection 0): a DFlash drafter's behaviour, where training a DFlash2 one starts."""
+        self.base_kernel.zero_()
+        self.base_kernel[:, 0] = 1.0
+        self.kernel_projection.weight.zero_()
+
+    def taps(self, x: torch.Tensor) -> torch.Tensor:
+        """The dynamic taps [N, T, 2, kernel, G] of the normed sublayer input x [N, T, H]."""
+        n, t, _ = x.shape
+        return self.kernel_projection(x).view(n, t, 2, self.kernel, self.groups)
+
+    def apply(self, y: torch.Tensor, taps: torch.Tensor, side: int, block: Optional[int] = None) -> torch.Tensor:
+        """conv_side(y) over y [N, T, H] (module docstring), the positions in blocks of `block`
+        (None: one block of T), each block's taps starting at its first position."""
+        n, t, h = y.shape
+        block = block or t
+        within = torch.arange(t, device=y.device) % block  # position inside its block
+        dyn = taps[:, :, side].repeat_interleave(self.group, dim=-1)  # [N, T, kernel, H]
+        out = torch.zeros_like(y, dtype=torch.float32)
+        for k in range(self.kernel):
+            shifted = torch.zeros_like(y) if k else y
+            if k:
+                shifted[:, k:] = y[:, :-k]
+                shifted = shifted * (within >= k).to(y.dtype)[None, :, None]  # nothing before the block
+            coefficient = self.base_kernel[side, k].float() + dyn[:, :, k].float()
+            out = out + coefficient * shifted.float()
+        return out.to(y.dtype)
+
+
+class CandidateSelector(nn.Module):
+    """The selector's parameters as published: `hidden_projection.weight` [R, H],
+    `predecessor_codebook` and `successor_codebook` [V, R] (stored with or without `.weight`;
+    `drafter_io` reads both)."""
+
+    def __init__(self, hidden: int, vocab: int, rank: int, top_k: int):
+        super().__init__()
+        if rank < 1 or top_k < 1:
+            raise ValueError(f"selector_rank and selector_top_k must be >= 1, got {rank} and {top_k}")
+        self.top_k = top_k
+        self.hidden_projection = nn.Linear(hidden, rank, bias=False)
+        self.predecessor_codebook = nn.Parameter(torch.zeros(vocab, rank))
+        self.successor_codebook = nn.Parameter(torch.zeros(vocab, rank))
+
+    @torch.no_grad()
+    def walk(self, anchors: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor,
+             ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The greedy chain [N, b] of token ids: anchors [N], the drafted positions' normed states
+        hidden [N, b, H] and draft logits [N, b, V'] (after multiplier and soft-cap) over the
+        token ids `ids` [V'] (a draft vocabulary; None: ids 0..V'-1)."""
+        k = min(self.top_k, logits.shape[-1])
+        unary, candidates = logits.float().topk(k, dim=-1)              # [N, b, k], likeliest first
+        if ids is not None:
+            candidates = ids[candidates]
+        projected = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype)).float()  # [N, b, R]
+        successors = self.successor_codebook[candidates].float()        # [N, b, k, R]
+        previous = anchors
+        chain = []
+        for i in range(hidden.shape[1]):
+            query = self.predecessor_codebook[previous].float() * projected[:, i]        # [N, R]
+            scores = unary[:, i] + (successors[:, i] @ query[:, :, None])[..., 0]      # [N, k]
+            previous = candidates[:, i].gather(1, scores.argmax(-1, keepdim=True))[:, 0]  # first max: lowest slot
+            chain.append(previous)
+        return torch.stack(chain, dim=1)
+
+
+def draft_logits(logits: torch.Tensor, multiplier: float, softcap: Optional[float]) -> torch.Tensor:
+    """DFlash2's draft logits from the LM head's: times `output_multiplier`, then soft-capped
+    c * tanh(l / c) when `final_logit_softcapping` c > 0 (both keep the order of the tokens)."""
+    out = logits.float() * multiplier if multiplier != 1.0 else logits.float()
+    if softcap:
+        out = softcap * torch.tanh(out / softcap)
+    return out

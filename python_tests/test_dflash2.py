@@ -1,0 +1,165 @@
+"""DFlash2 drafters (issue 46, first part): a checkpoint in the published layout loads (both codebook
+spellings), round-trips through save, its convolutions and candidate selector compute what
+dblast_ext.dflash2 says (against direct float64 loops), a DFlash2 drafter whose convolutions are
+the identity and whose selector adds nothing drafts exactly what the DFlash drafter under it does,
+and greedy decoding with a DFlash2 drafter gives the target's own greedy output."""
+import json
+import os
+
+import pytest
+import torch
+
+from dblast_ext import load_drafter
+from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
+from dblast_ext.dflash2 import CandidateSelector, GroupedDynamicConv, draft_logits
+from dblast_ext.drafter_io import save_pretrained
+from decoding_cases import PROMPT, hf_greedy
+from tiny_models import H, VOCAB, dflash2_state, tiny_target, write_dflash2_checkpoint
+
+
+@pytest.mark.parametrize("suffix", ["", ".weight"])
+def test_a_published_layout_checkpoint_loads_with_either_codebook_spelling(tmp_path, suffix):
+    drafter = load_drafter(write_dflash2_checkpoint(tmp_path / "d", codebook_suffix=suffix), target=tiny_target())
+    c = drafter.config
+    assert (c.conv_kernel_size, c.conv_group_size, c.selector_rank, c.selector_top_k) == (2, 16, 8, 4)
+    assert (c.output_multiplier, c.final_logit_softcapping, c.block_size, c.is_causal) == (0.5, 20.0, 4, False)
+    state = dflash2_state()
+    assert torch.equal(drafter.candidate_selector.predecessor_codebook,
+                       state["candidate_selector.predecessor_codebook"])
+    assert torch.equal(drafter.layers[1].mlp_conv.base_kernel, state["layers.1.mlp_conv.base_kernel"])
+
+
+def test_a_dflash2_checkpoint_round_trips_through_save(tmp_path):
+    drafter = load_drafter(write_dflash2_checkpoint(tmp_path / "d"))
+    save_pretrained(drafter, str(tmp_path / "again"))
+    config = json.load(open(tmp_path / "again" / "config.json"))
+    assert config["architectures"] == ["DFlash2DraftModel"]
+    assert {k: config["dflash_config"][k] for k in ("conv_kernel_size", "conv_group_size", "selector_rank",
+                                                    "selector_top_k", "output_multiplier",
+                                                    "final_logit_softcapping")} == {
+        "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4,
+        "output_multiplier": 0.5, "final_logit_softcapping": 20.0}
+    again = load_drafter(str(tmp_path / "again"))
+    assert again.config == drafter.config
+    for (name, a), (_, b) in zip(sorted(drafter.state_dict().items()), sorted(again.state_dict().items())):
+        assert torch.equal(a, b), name
+    from safetensors import safe_open
+    with safe_open(os.path.join(tmp_path, "again", "model.safetensors"), framework="pt") as f:
+        assert "candidate_selector.successor_codebook" in f.keys()  # the published (bare) spelling
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(conv_group_size=None), "sets conv_kernel_size without conv_group_size"),
+    (dict(conv_group_size=12), "conv_group_size 12 does not divide hidden_size 64"),
+    (dict(selector_top_k=0), "selector_top_k must be a positive integer, got 0"),
+    (dict(output_multiplier=-1), "output_multiplier must be a number > 0, got -1"),
+])
+def test_a_bad_dflash2_setting_is_named(tmp_path, change, message):
+    from tiny_models import dflash2_config
+    nested = {k: v for k, v in {**dflash2_config()["dflash_config"], **change}.items() if v is not None}
+    path = write_dflash2_checkpoint(tmp_path / "d", dflash_config=nested)
+    with pytest.raises(ValueError, match=message):
+        load_drafter(path)
+
+
+def test_the_convolution_is_the_grouped_dynamic_causal_sum():
+    g = torch.Generator().manual_seed(3)
+    conv = GroupedDynamicConv(H, 3, 16)
+    with torch.no_grad():
+        conv.base_kernel.copy_(torch.randn(2, 3, H, generator=g))
+        conv.kernel_projection.weight.copy_(torch.randn(2 * 3 * 4, H, generator=g) / 8)
+    x, y = torch.randn(2, 10, H, generator=g), torch.randn(2, 10, H, generator=g)
+    taps = conv.taps(x)
+    block = 5  # two blocks side by side: the taps restart at each block's first position
+    for side in (0, 1):
+        got = conv.apply(y, taps, side, block).double()
+        dyn = taps.double().view(2, 10, 2, 3, 4)
+        want = torch.zeros(2, 10, H, dtype=torch.float64)
+        for t in range(10):
+            for k in range(3):
+                if t % block - k < 0:
+                    continue
+                for c in range(H):
+                    want[:, t, c] += (conv.base_kernel[side, k, c].double() + dyn[:, t, side, k, c // 16]) \
+                        * y[:, t - k, c].double()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    conv.make_identity()
+    assert torch.equal(conv.apply(y, conv.taps(x), 1), y)
+
+
+def test_the_selector_walks_the_best_scoring_candidate_from_the_anchor():
+    g = torch.Generator().manual_seed(5)
+    selector = CandidateSelector(H, VOCAB, 6, 5)
+    with torch.no_grad():
+        for p in selector.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    anchors, hidden = torch.tensor([3, 41]), torch.randn(2, 4, H, generator=g)
+    logits = draft_logits(torch.randn(2, 4, VOCAB, generator=g) * 10, 0.5, 3.0)
+    assert logits.abs().max() <= 3.0
+    chain = selector.walk(anchors, hidden, logits)
+    for row in range(2):
+        previous = int(anchors[row])
+        for i in range(4):
+            unary, candidates = logits[row, i].double().topk(5)
+            projected = selector.hidden_projection.weight.double() @ hidden[row, i].double()
+            scores = [float(u) + float((selector.predecessor_codebook[previous].double() * projected)
+                                       @ selector.successor_codebook[c].double()) for u, c in zip(unary, candidates)]
+            previous = int(candidates[max(range(5), key=lambda j: (scores[j], -j))])
+            assert int(chain[row, i]) == previous
+
+
+def test_identity_convolutions_and_a_silent_selector_draft_what_dflash_does(tmp_path):
+    target = tiny_target()
+    dflash2 = load_drafter(write_dflash2_checkpoint(tmp_path / "d"), target=target)
+    dflash = load_drafter(write_dflash2_checkpoint(tmp_path / "d1"), target=target)
+    with torch.no_grad():
+        for layer in dflash2.layers:
+            layer.attention_conv.make_identity()
+            layer.mlp_conv.make_identity()
+        dflash2.candidate_selector.predecessor_codebook.zero_()
+    del dflash.candidate_selector  # the same weights as a DFlash drafter: convolutions off, argmax drafts
+    for layer in dflash.layers:
+        del layer.attention_conv, layer.mlp_conv
+    outs = [SpeculativeDecoder(target, d, controller="off").generate(PROMPT, SamplingParams(0.0), max_new_tokens=16)
+            for d in (dflash2, dflash)]
+    assert [c.num_accepted for c in outs[0].cycles] == [c.num_accepted for c in outs[1].cycles]
+    assert outs[0].token_ids == outs[1].token_ids
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("verify", ["branch", "tree"])
+def test_greedy_output_with_a_dflash2_drafter_equals_the_targets_own(tmp_path, family, verify):
+    target = tiny_target(family)
+    drafter = load_drafter(write_dflash2_checkpoint(tmp_path / "d"), target=target)
+    decoder = SpeculativeDecoder(target, drafter, verify=verify, controller="off")
+    assert decoder.generate(PROMPT, SamplingParams(0.0), max_new_tokens=24).token_ids == hf_greedy(target, PROMPT, 24)
+
+
+def test_sampling_with_a_dflash2_drafter_runs_and_is_reproducible(tmp_path):
+    target = tiny_target()
+    drafter = load_drafter(write_dflash2_checkpoint(tmp_path / "d"), target=target)
+    decoder = SpeculativeDecoder(target, drafter, draft_vocab=60, controller="off")
+    runs = [decoder.generate(PROMPT, SamplingParams(1.0, 20, 0.9), max_new_tokens=16, seed=4).token_ids
+            for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 16
+
+
+def test_branches_are_refused_on_a_dflash2_drafter(tmp_path):
+    with pytest.raises(ValueError, match="DFlash2 drafter drafts one chain"):
+        load_drafter(write_dflash2_checkpoint(tmp_path / "d"), num_branches=4)
+
+
+def test_dblast_serve_hands_a_dflash2_drafter_to_vllm_or_names_the_version_needed(tmp_path, monkeypatch):
+    from dblast_ext.cli import build_parser
+    from dblast_ext.cli import serve
+
+    path = write_dflash2_checkpoint(tmp_path / "d")
+    args = build_parser().parse_args(["serve", "--drafter", path])
+    monkeypatch.setattr(serve, "installed_vllm_version", lambda: (0, 32, 0))
+    argv, env = serve.serve_command(args)
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert config == {"method": "dflash", "model": path, "num_speculative_tokens": 3} and not env
+    monkeypatch.setattr(serve, "installed_vllm_version", lambda: (0, 27, 2))
+    with pytest.raises(ValueError, match=r"DFlash2 drafter: vLLM serves those from version 0\.28\.0 on; this "
+                                         r"environment has vLLM 0\.27\.2"):
+        serve.serve_command(args)
