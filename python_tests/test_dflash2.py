@@ -163,3 +163,42 @@ def test_dblast_serve_hands_a_dflash2_drafter_to_vllm_or_names_the_version_neede
     with pytest.raises(ValueError, match=r"DFlash2 drafter: vLLM serves those from version 0\.28\.0 on; this "
                                          r"environment has vLLM 0\.27\.2"):
         serve.serve_command(args)
+
+
+def published_config(hidden, intermediate, vocab, block, mask, layer_ids, target_layers, **nested):
+    """A published 5-layer DFlash2 config.json (the sizes of z-lab's Qwen3.8-27B and
+    Muse-Glimmer-30B drafters), as written there."""
+    return {"architectures": ["DFlash2DraftModel"], "model_type": "qwen3", "hidden_size": hidden,
+            "intermediate_size": intermediate, "num_hidden_layers": 5, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_theta": 1e7, "rope_type": "default"}, "layer_types": ["sliding_attention"] * 5,
+            "sliding_window": 2048, "use_sliding_window": True, "max_window_layers": 5, "is_causal": False,
+            "num_target_layers": target_layers, "vocab_size": vocab, "tie_word_embeddings": False,
+            "attention_bias": False, "dtype": "bfloat16",
+            "dflash_config": {"block_size": block, "mask_token_id": mask, "target_layer_ids": layer_ids,
+                              "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256,
+                              "selector_top_k": 16, **nested}}
+
+
+@pytest.mark.parametrize("raw,shapes", [
+    (published_config(5120, 17408, 248320, 8, 248070, [5, 19, 33, 47, 61], 64),
+     {"fc.weight": (5120, 25600), "layers.4.attention_conv.kernel_projection.weight": (1280, 5120),
+      "layers.0.mlp_conv.base_kernel": (2, 2, 5120), "candidate_selector.predecessor_codebook": (248320, 256),
+      "candidate_selector.hidden_projection.weight": (256, 5120)}),
+    (published_config(6656, 19968, 202048, 16, 201818, [1, 13, 25, 37, 49], 52,
+                      output_multiplier=0.19611613513818404, final_logit_softcapping=20.0),
+     {"fc.weight": (6656, 33280), "layers.2.mlp_conv.kernel_projection.weight": (1664, 6656),
+      "candidate_selector.successor_codebook": (202048, 256)}),
+])
+def test_the_published_five_layer_configs_build_the_published_shapes(raw, shapes):
+    from dblast_ext.drafter import DBlastDrafter
+    from dblast_ext.drafter_io import config_from_json
+
+    config = config_from_json(raw)
+    assert config.is_dflash2 and config.block_size == raw["dflash_config"]["block_size"] and config.rope_theta == 1e7
+    assert [config.causal(i) for i in range(5)] == [False] * 5 and config.window(0) == 2048
+    with torch.device("meta"):  # the sizes only: a 27B target's drafter is 3.8 GB
+        state = DBlastDrafter(config).state_dict()
+    assert len(state) == 81  # 15 per layer, fc, hidden_norm, norm and the selector's three
+    for name, shape in shapes.items():
+        assert tuple(state[name].shape) == shape, name

@@ -29,6 +29,7 @@ def parse_args():
     p.add_argument("--out", required=True)
     p.add_argument("--arm", default="dblast-k4")
     p.add_argument("--readme", default="README.md", help="the README whose adaptive rows are rewritten")
+    p.add_argument("--note", default="", help="a paragraph under the speed table (which run each row comes from)")
     return p.parse_args()
 
 
@@ -120,6 +121,7 @@ def main():
                 taus = [summary["datasets"][d]["tau"] for d in DATASETS]
                 lines.append(f"| {t} | {controller} | " + " | ".join(f"{c:.2f}x" for c in cells)
                              + f" | {sum(cells) / len(cells):.2f}x | {sum(taus) / len(taus):.2f} |")
+        lines += ["", args.note] if args.note else []
         lines += ["", "tau counts every target pass, plain steps included (a plain step commits one token), so "
                   "with the controller on it says how many tokens a pass committed on average, not how far the "
                   "drafter is accepted (the acceptance phases of the evaluation run with the controller off).", ""]
