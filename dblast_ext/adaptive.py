@@ -197,7 +197,7 @@ class AdaptiveDepth:
         self.since_probe = 0
         self.chosen = []
 
-    def rates(self, optimism: float = OPTIMISM) -> List[float]:
+    def rates(self) -> List[float]:
         """The expected committed tokens per second over the active rows at each depth d."""
         committed = [float(len(self.rows))] * (self.max_depth + 1)  # sum_r E_r(d), each row's bonus token
         for row, weights in zip(self.rows, self.weights):  # E_r(d) - 1 = sum_{i<=d} prod_{j<=i} a[j]
@@ -205,7 +205,7 @@ class AdaptiveDepth:
             for j, a in enumerate(row[: self.max_depth]):
                 # an estimate worth few observations gets the benefit of the doubt (OPTIMISM), so a
                 # position not verified for a while (its weight faded) is tried again
-                survive *= min(1.0, a + optimism / math.sqrt(weights[j] + 1))
+                survive *= min(1.0, a + OPTIMISM / math.sqrt(weights[j] + 1))
                 reached += survive
                 committed[j + 1] += reached
         return [c / cost for c, cost in zip(committed, self.costs)]
@@ -241,7 +241,7 @@ class AdaptiveDepth:
         return max(d for d in range(best + 1, self.max_depth + 1)
                    if self.costs[d] - self.costs[best] <= PROBE_DEPTH_SLACK * shallowest)
 
-    def probe_interval(self, best: int, catch_up: float = 0.0) -> float:
+    def probe_interval(self, best: int, catch_up: float = 0.0) -> int:
         """Cycles between probes from `best`: what a probe costs over a cycle at `best` (its
         catch-up included), spread so that probing costs at most `probe_budget` of the time. A
         probe after plain steps reads their tokens: where that catch-up grows faster than the

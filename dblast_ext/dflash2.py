@@ -68,10 +68,11 @@ class GroupedDynamicConv(nn.Module):
         dyn = taps[:, :, side].repeat_interleave(self.group, dim=-1)  # [N, T, kernel, H]
         out = torch.zeros_like(y, dtype=torch.float32)
         for k in range(self.kernel):
-            shifted = torch.zeros_like(y) if k else y
-            if k:
+            shifted = y
+            if k:  # y k positions back, zero where that reaches before the block
+                shifted = torch.zeros_like(y)
                 shifted[:, k:] = y[:, :-k]
-                shifted = shifted * (within >= k).to(y.dtype)[None, :, None]  # nothing before the block
+                shifted = shifted * (within >= k).to(y.dtype)[None, :, None]
             coefficient = self.base_kernel[side, k].float() + dyn[:, :, k].float()
             out = out + coefficient * shifted.float()
         return out.to(y.dtype)

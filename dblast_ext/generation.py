@@ -45,6 +45,8 @@ class GenerationOutput:
 def _token_ids(value, what: str) -> torch.Tensor:
     """`value` (a tensor or a nested sequence) as an int64 tensor, refusing anything that is
     not integer ids: a float prompt would otherwise be truncated to ids silently."""
+    if not isinstance(value, torch.Tensor) and hasattr(value, "__len__") and len(value) == 0:
+        return torch.empty(0, dtype=torch.int64)  # as_tensor would make an empty list float
     try:
         ids = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError) as error:
@@ -54,30 +56,34 @@ def _token_ids(value, what: str) -> torch.Tensor:
     return ids.to(torch.int64)
 
 
-def _check_vocabulary(ids: torch.Tensor, vocab_size: Optional[int], what: str) -> None:
-    """Every id of a [T] prompt in [0, vocab_size), else an error naming the first bad id and
-    its position (the embedding's own error names neither)."""
+def _first_outside(ids: Sequence[int], vocab_size: Optional[int]) -> Optional[int]:
+    """The position of the first id outside [0, vocab_size) (None: every id is inside, or no
+    vocabulary was given)."""
     if vocab_size is None:
-        return
-    bad = ((ids < 0) | (ids >= vocab_size)).nonzero()
-    if len(bad):
-        position = int(bad[0, 0])
-        raise ValueError(f"{what}: token id {int(ids[position])} at position {position} is outside the target's "
+        return None
+    return next((position for position, token in enumerate(ids) if not 0 <= token < vocab_size), None)
+
+
+def _check_prompt_ids(ids: List[int], vocab_size: Optional[int]) -> None:
+    """Every id of a prompt in [0, vocab_size), else an error naming the first bad id and its
+    position (the embedding's own error names neither)."""
+    position = _first_outside(ids, vocab_size)
+    if position is not None:
+        raise ValueError(f"input_ids: token id {ids[position]} at position {position} is outside the target's "
                          f"vocabulary [0, {vocab_size})")
 
 
 def prompt_tensor(input_ids, max_new_tokens: int, device, vocab_size: Optional[int] = None) -> torch.Tensor:
     """One prompt as a [1, T] int64 tensor on `device`, checked before any model runs (integer
     ids, each in [0, vocab_size) when it is given)."""
-    if not isinstance(input_ids, torch.Tensor) and hasattr(input_ids, "__len__") and len(input_ids) == 0:
-        raise ValueError("input_ids is empty: the prompt needs at least one token")
     ids = _token_ids(input_ids, "input_ids")
     ids = ids.view(1, -1) if ids.dim() == 1 else ids
     if ids.dim() != 2 or ids.shape[0] != 1:
         raise ValueError(f"input_ids must be one prompt ([T] or [1, T]), got shape {tuple(ids.shape)}")
     if ids.shape[1] == 0:
         raise ValueError("input_ids is empty: the prompt needs at least one token")
-    _check_vocabulary(ids[0], vocab_size, "input_ids")
+    if vocab_size is not None:
+        _check_prompt_ids(ids[0].tolist(), vocab_size)
     check_max_new_tokens(max_new_tokens)
     return ids.to(device)
 
@@ -118,10 +124,9 @@ def _id_list(prompt, vocab_size: Optional[int]) -> List[int]:
     for position, token in enumerate(ids):
         if isinstance(token, bool) or not isinstance(token, numbers.Integral):
             raise ValueError(f"input_ids must hold integer token ids, got {token!r} at position {position}")
-        if vocab_size is not None and not 0 <= token < vocab_size:
-            raise ValueError(f"input_ids: token id {int(token)} at position {position} is outside the target's "
-                             f"vocabulary [0, {vocab_size})")
-    return [int(token) for token in ids]
+    ids = [int(token) for token in ids]
+    _check_prompt_ids(ids, vocab_size)
+    return ids
 
 
 def check_max_new_tokens(max_new_tokens) -> None:
@@ -132,19 +137,16 @@ def check_max_new_tokens(max_new_tokens) -> None:
 def stop_id_set(stop_token_ids, vocab_size: Optional[int] = None) -> Set[int]:
     """The stop ids as a set, each an integer id in [0, vocab_size): an id outside the
     vocabulary could never stop anything, so it is a mistake, not a no-op."""
-    if stop_token_ids is None or (not isinstance(stop_token_ids, torch.Tensor) and hasattr(stop_token_ids, "__len__")
-                                  and len(stop_token_ids) == 0):
+    if stop_token_ids is None:
         return set()
     if isinstance(stop_token_ids, (str, bytes)) or not hasattr(stop_token_ids, "__iter__"):
         raise ValueError(f"stop_token_ids must be a list of token ids, got {stop_token_ids!r}")
-    ids = _token_ids(list(stop_token_ids) if not isinstance(stop_token_ids, torch.Tensor) else stop_token_ids,
-                     "stop_token_ids").view(-1)
-    if vocab_size is not None:
-        for index, token in enumerate(ids.tolist()):
-            if not 0 <= token < vocab_size:
-                raise ValueError(f"stop_token_ids[{index}] = {token} is outside the target's vocabulary "
-                                 f"[0, {vocab_size})")
-    return set(ids.tolist())
+    ids = _token_ids(stop_token_ids if isinstance(stop_token_ids, torch.Tensor) else list(stop_token_ids),
+                     "stop_token_ids").view(-1).tolist()
+    index = _first_outside(ids, vocab_size)
+    if index is not None:
+        raise ValueError(f"stop_token_ids[{index}] = {ids[index]} is outside the target's vocabulary [0, {vocab_size})")
+    return set(ids)
 
 
 # the decode loops' target KV caches: compacted after each cycle (dblast_ext.ragged_cache), or fixed
