@@ -15,12 +15,25 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import dblast_ext  # noqa: E402,F401  (loads the op library)
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# On a GPU each benchmark runs with the verified CUDA kernels ("cuda") and the staged ones
+# ("cuda-staged", docs/ops.md), side by side in one run.
+DEVICES = ["cpu"] + (["cuda", "cuda-staged"] if torch.cuda.is_available() else [])
+KERNELS = {"cuda": "verified", "cuda-staged": "staged"}
 
 
 def pytest_generate_tests(metafunc):
     if "device" in metafunc.fixturenames:
-        metafunc.parametrize("device", DEVICES)
+        metafunc.parametrize("device", DEVICES, indirect=True)
+
+
+@pytest.fixture
+def device(request):
+    """The torch device name of a `device`-parametrised benchmark, its CUDA kernels set for it."""
+    if request.param == "cpu":
+        yield "cpu"
+        return
+    with dblast_ext.ops.using_cuda_kernels(KERNELS[request.param]):
+        yield "cuda"
 
 
 @pytest.fixture

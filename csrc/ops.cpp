@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "dblast/kernel_variant.h"
+
 #ifndef DBLAST_TORCH_VERSION
 #define DBLAST_TORCH_VERSION "unknown"
 #endif
@@ -26,6 +28,8 @@ std::string build_info() {
 
 TORCH_LIBRARY(dblast, m) {
   m.def("build_info() -> str", &build_info);
+  // Which CUDA kernels serve the ops, "verified" (default) or "staged" (dblast/kernel_variant.h).
+  m.def("cuda_kernels(str? variant) -> str", &cuda_kernels);
   // Greedy-branch speculative verification (DBLast Eq 18-21, Algorithm 1).
   m.def(
       "branch_verify(Tensor target_logits, Tensor branch_tokens, Tensor branch_prior, Tensor branch, "

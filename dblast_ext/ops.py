@@ -9,8 +9,9 @@ Randomness comes from caller-supplied uniforms (when none are given, they are dr
 `generator` on the logits' device); given the same uniforms, CPU and CUDA decide alike (a
 uniform within rounding, ~1e-6, of an acceptance probability may go either way).
 """
+import contextlib
 import math
-from typing import Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import torch
 
@@ -18,11 +19,34 @@ from .results import BranchArgmax, SampledTokens, VerifyResult, draw_uniforms
 from .sampling import check_temperature, check_top_k, check_top_p
 
 __all__ = ["branch_verify", "mixture_verify", "sample_tokens", "branch_argmax", "drafter_attention", "VerifyResult",
-           "BranchArgmax", "SampledTokens", "CPU_ONLY_OPS"]
+           "BranchArgmax", "SampledTokens", "CPU_ONLY_OPS", "cuda_kernels", "using_cuda_kernels"]
 
 # Ops with a CPU kernel only, not yet run on a GPU (no CUDA kernel lands untested): on CUDA
 # tensors their wrapper runs the reference on the device, exact and slower. None at present.
 CPU_ONLY_OPS = ()
+
+CUDA_KERNEL_VARIANTS = ("verified", "staged")
+
+
+def cuda_kernels(variant: Optional[str] = None) -> str:
+    """Which CUDA kernels serve the ops: "verified" (default: the ones that last passed on a
+    GPU) or "staged" (written ahead of a device run; docs/ops.md lists both per op). Sets the
+    variant when given and returns the one in force. The environment variable
+    DBLAST_CUDA_KERNELS sets the starting value. CPU kernels are the same either way."""
+    if variant is not None and variant not in CUDA_KERNEL_VARIANTS:
+        raise ValueError(f"variant must be one of {CUDA_KERNEL_VARIANTS}, got {variant!r}")
+    return torch.ops.dblast.cuda_kernels(variant)
+
+
+@contextlib.contextmanager
+def using_cuda_kernels(variant: str) -> Iterator[None]:
+    """Runs the block with the CUDA kernels of `variant`, then restores the previous one."""
+    previous = cuda_kernels()
+    cuda_kernels(variant)
+    try:
+        yield
+    finally:
+        cuda_kernels(previous)
 
 
 def branch_verify(target_logits: torch.Tensor, branch_tokens: torch.Tensor, branch_prior: torch.Tensor,

@@ -17,9 +17,9 @@ import dblast_ext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD_JSON = os.path.join(ROOT, "csrc", "build.json")
-# every op the library registers (build_info is a plain query with no fake)
+# every op the library registers (build_info and cuda_kernels are plain queries with no fake)
 OPS = sorted(name.split("::")[1] for name in torch._C._dispatch_get_all_op_names()
-             if name.startswith("dblast::") and name != "dblast::build_info")
+             if name.startswith("dblast::") and name not in ("dblast::build_info", "dblast::cuda_kernels"))
 
 
 def test_build_info_describes_the_build():
@@ -232,3 +232,29 @@ def test_force_cuda_with_cpu_torch_fails_clearly():
     proc = subprocess.run([sys.executable, "setup.py", "--version"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode != 0
     assert "CPU-only build" in proc.stdout + proc.stderr
+
+
+def test_the_cuda_kernel_switch_sets_restores_and_names_a_bad_value():
+    from dblast_ext import ops
+    assert ops.cuda_kernels() == "verified"
+    with ops.using_cuda_kernels("staged"):
+        assert ops.cuda_kernels() == "staged"
+    assert ops.cuda_kernels() == "verified"
+    with pytest.raises(ValueError, match="variant must be one of .*'fast'"):
+        ops.cuda_kernels("fast")
+    with pytest.raises(ValueError, match='variant must be "verified" or "staged", got "fast"'):
+        torch.ops.dblast.cuda_kernels("fast")  # the C++ check, for direct torch.ops calls
+    assert ops.cuda_kernels() == "verified"
+
+
+@pytest.mark.parametrize("value, expected", [("staged", "staged"), ("", "verified"), ("bogus", None)])
+def test_the_cuda_kernel_switch_starts_from_the_environment(value, expected):
+    code = "import dblast_ext; print(dblast_ext.ops.cuda_kernels())"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "DBLAST_CUDA_KERNELS": value})
+    if expected is None:
+        assert run.returncode != 0
+        assert 'DBLAST_CUDA_KERNELS must be "verified" or "staged", got "bogus"' in run.stderr
+    else:
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == expected

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Compiles one CUDA source of csrc/ for sm_90 with the extension's flags (csrc/build.json) and
+# prints ptxas' resource usage per kernel (registers, shared memory, spill stores/loads): the
+# quick gate for a kernel written without a GPU, seconds instead of the whole build.
+#   scripts/nvcc_one.sh csrc/cuda/staged/<file>.cu
+# Environment: CUDA_HOME (default /usr/local/cuda-13.0), TORCH_PYTHON (a python with the CUDA
+# build of torch; default the CI's cached venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda-13.0}
+TORCH_PYTHON=${TORCH_PYTHON:-${DBLAST_CACHE:-$HOME/.cache/dblast_ext}/ci-cuda-torch2.14.1/bin/python}
+read -r TORCH_DIR PY_INCLUDE < <("$TORCH_PYTHON" -c "import os, sysconfig, torch; print(os.path.dirname(torch.__file__), sysconfig.get_paths()['include'])")
+mapfile -t FLAGS < <("$TORCH_PYTHON" -c "import json; print('\n'.join(json.load(open('csrc/build.json'))['flags']['nvcc']))")
+out=$(mktemp --suffix=.o)
+trap 'rm -f "$out"' EXIT
+"$CUDA_HOME/bin/nvcc" -c "$1" -o "$out" -Icsrc/include -Icsrc/cuda -I"$TORCH_DIR/include" \
+  -I"$TORCH_DIR/include/torch/csrc/api/include" -I"$PY_INCLUDE" -DTORCH_API_INCLUDE_EXTENSION_H \
+  -D_GLIBCXX_USE_CXX11_ABI=1 -DDBLAST_WITH_CUDA -gencode arch=compute_90,code=sm_90 "${FLAGS[@]}" \
+  --compiler-options -fPIC -Xptxas -v 2>&1 | grep -E "error|warning|Compiling entry|Used [0-9]+ registers|spill" \
+  | sed -E 's/^ptxas info *: //'
+exit "${PIPESTATUS[0]}"
