@@ -39,6 +39,11 @@ TORCH_LIBRARY(dblast, m) {
       "mixture_verify(Tensor target_logits, Tensor draft_logits, Tensor branch_prior, Tensor draft_tokens, "
       "Tensor uniforms, float temperature, int top_k, float top_p, float draft_temperature, bool validate) "
       "-> (Tensor, Tensor, Tensor)");
+  // Verification of a sampled chain whose proposal at each position is sparse: C candidate ids
+  // and their probabilities (DFlash2's candidate selector); accept min(1, p/q), residual [p - q]+.
+  m.def(
+      "sparse_verify(Tensor target_logits, Tensor draft_tokens, Tensor proposal_tokens, Tensor proposal_probs, "
+      "Tensor uniforms, float temperature, int top_k, float top_p, bool validate) -> (Tensor, Tensor, Tensor)");
   // The target's filtered inverse-CDF draw for many rows at once (the verifiers' filter and
   // final-token rule), plus the filtered probability of each row's query tokens (trie
   // verification: a node's draw and the chance of descending to each of its children).

@@ -19,18 +19,18 @@ output multiplier and soft-capping) with their logits u as unary scores, and
     score_i(c | p) = u_i(c) + < A[p] * (P h_i), B[c] >,
 
 A, B [V, R] the predecessor and successor codebooks, P [R, H] the hidden projection, h_i the
-position's final-normed state, p the token drafted before (the anchor at i = 1). Here the
+position's final-normed state, p the token drafted before (the anchor at i = 1). At T = 0 the
 selector walks the block greedily (each position's best-scoring candidate, the lowest slot on
-ties): a deterministic chain, which greedy-branch verification checks exactly at any
-temperature. (The published loop can also sample the chain from softmax(score / T), which needs
-a verifier that knows each draft's probability.)
+ties); at T > 0 it draws each token from q_i = softmax(score_i / T) over the k candidates, and the
+chain is verified against that sparse proposal (ops.sparse_verify: accept min(1, p/q), correction
+from [p - q]+), as the published loop does.
 """
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import nn
 
-__all__ = ["GroupedDynamicConv", "CandidateSelector", "draft_logits"]
+__all__ = ["GroupedDynamicConv", "CandidateSelector", "SelectedChain", "draft_logits"]
 
 
 class GroupedDynamicConv(nn.Module):
@@ -78,6 +78,12 @@ class GroupedDynamicConv(nn.Module):
         return out.to(y.dtype)
 
 
+class SelectedChain(NamedTuple):
+    tokens: torch.Tensor                 # [N, b] int64: the chain
+    candidates: torch.Tensor             # [N, b, k] int64: each position's candidate ids
+    probs: Optional[torch.Tensor]        # [N, b, k] float32: q over them (None for the greedy walk)
+
+
 class CandidateSelector(nn.Module):
     """The selector's parameters as published: `hidden_projection.weight` [R, H],
     `predecessor_codebook` and `successor_codebook` [V, R] (stored with or without `.weight`;
@@ -94,10 +100,14 @@ class CandidateSelector(nn.Module):
 
     @torch.no_grad()
     def walk(self, anchors: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor,
-             ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The greedy chain [N, b] of token ids: anchors [N], the drafted positions' normed states
-        hidden [N, b, H] and draft logits [N, b, V'] (after multiplier and soft-cap) over the
-        token ids `ids` [V'] (a draft vocabulary; None: ids 0..V'-1)."""
+             ids: Optional[torch.Tensor] = None, temperature: float = 0.0,
+             generator: Optional[torch.Generator] = None) -> SelectedChain:
+        """The chain over a block: anchors [N], the drafted positions' normed states hidden
+        [N, b, H] and draft logits [N, b, V'] (after multiplier and soft-cap) over the token ids
+        `ids` [V'] (a draft vocabulary; None: ids 0..V'-1). At temperature 0 each position takes
+        its best-scoring candidate (the lowest slot on ties); above 0 it draws one from
+        softmax(score / temperature) over the candidates with `generator`, and the chain keeps
+        what it drew from (the sparse proposal sparse_verify checks it against)."""
         k = min(self.top_k, logits.shape[-1])
         unary, candidates = logits.float().topk(k, dim=-1)              # [N, b, k], likeliest first
         if ids is not None:
@@ -105,13 +115,20 @@ class CandidateSelector(nn.Module):
         projected = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype)).float()  # [N, b, R]
         successors = self.successor_codebook[candidates].float()        # [N, b, k, R]
         previous = anchors
-        chain = []
+        chain, probs = [], []
         for i in range(hidden.shape[1]):
             query = self.predecessor_codebook[previous].float() * projected[:, i]        # [N, R]
             scores = unary[:, i] + (successors[:, i] @ query[:, :, None])[..., 0]      # [N, k]
-            previous = candidates[:, i].gather(1, scores.argmax(-1, keepdim=True))[:, 0]  # first max: lowest slot
+            if temperature > 0:
+                q = torch.softmax(scores / temperature, dim=-1)
+                slot = torch.multinomial(q, 1, generator=generator)
+                probs.append(q)
+            else:
+                slot = scores.argmax(-1, keepdim=True)  # first max: lowest slot
+            previous = candidates[:, i].gather(1, slot)[:, 0]
             chain.append(previous)
-        return torch.stack(chain, dim=1)
+        return SelectedChain(torch.stack(chain, dim=1), candidates,
+                             torch.stack(probs, dim=1) if probs else None)
 
 
 def draft_logits(logits: torch.Tensor, multiplier: float, softcap: Optional[float]) -> torch.Tensor:

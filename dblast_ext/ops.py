@@ -18,12 +18,13 @@ import torch
 from .results import BranchArgmax, SampledTokens, VerifyResult, draw_uniforms
 from .sampling import check_temperature, check_top_k, check_top_p
 
-__all__ = ["branch_verify", "mixture_verify", "sample_tokens", "branch_argmax", "drafter_attention", "VerifyResult",
+__all__ = ["branch_verify", "mixture_verify", "sparse_verify", "sample_tokens", "branch_argmax", "drafter_attention", "VerifyResult",
            "BranchArgmax", "SampledTokens", "CPU_ONLY_OPS", "cuda_kernels", "using_cuda_kernels"]
 
 # Ops with a CPU kernel only, not yet run on a GPU (no CUDA kernel lands untested): on CUDA
-# tensors their wrapper runs the reference on the device, exact and slower. None at present.
-CPU_ONLY_OPS = ()
+# tensors their wrapper runs the CPU kernel on host copies and returns the results on the
+# device (exact, same checks, one round trip).
+CPU_ONLY_OPS = ("sparse_verify",)
 
 CUDA_KERNEL_VARIANTS = ("verified", "staged")
 
@@ -101,6 +102,36 @@ def mixture_verify(target_logits: torch.Tensor, draft_logits: torch.Tensor, bran
     return VerifyResult(*torch.ops.dblast.mixture_verify(
         target_logits, draft_logits, branch_prior, draft_tokens, uniforms,
         float(temperature), int(top_k), float(top_p), float(draft_temperature), bool(validate)))
+
+
+def sparse_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, proposal_tokens: torch.Tensor,
+                  proposal_probs: torch.Tensor, uniforms: Optional[torch.Tensor] = None, *,
+                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                  generator: Optional[torch.Generator] = None, validate: bool = True) -> VerifyResult:
+    """Verification of a sampled chain whose proposal at each position is sparse: C candidate
+    ids and their probabilities (DFlash2's candidate selector at T > 0).
+
+    Args:
+        target_logits: [N, b+1, V] float32/bfloat16/float16 target logits on the draft.
+        draft_tokens: [N, b] int64, the drafted chain.
+        proposal_tokens: [N, b, C] int64, 1 <= C <= 64: the candidates q drew position i from
+            (given the chain before it); an id may repeat, its probability is then the sum.
+        proposal_probs: [N, b, C] float32, their probabilities (summing to 1 per position).
+        uniforms, temperature, top_k, top_p, generator, validate: as in branch_verify.
+
+    Accepts draft x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection the
+    final token is drawn from [p_i - q_i]+ renormalised, after b acceptances from p_{b+1}.
+    Not yet run on a GPU (CPU_ONLY_OPS): CUDA inputs are verified by the CPU kernel.
+    """
+    _check_wrapper_filter(temperature, top_k, top_p)
+    uniforms = draw_uniforms(target_logits, uniforms, generator)
+    args = (target_logits, draft_tokens, proposal_tokens, proposal_probs, uniforms)
+    scalars = (float(temperature), int(top_k), float(top_p), bool(validate))
+    if target_logits.device.type == "cpu" or torch.compiler.is_compiling():
+        return VerifyResult(*torch.ops.dblast.sparse_verify(*args, *scalars))
+    _sparse_verify_fake(*args, *scalars)  # shapes and devices named before the copies
+    outputs = torch.ops.dblast.sparse_verify(*(t.cpu() for t in args), *scalars)
+    return VerifyResult(*(t.to(target_logits.device) for t in outputs))
 
 
 def sample_tokens(logits: torch.Tensor, uniforms: Optional[torch.Tensor] = None, *, temperature: float = 1.0,
@@ -314,6 +345,38 @@ def _mixture_verify_fake(target_logits, draft_logits, branch_prior, draft_tokens
     _check_filter(temperature, top_k, top_p)
     _check_finite(draft_temperature, draft_temperature > 0.0,
                   f"draft_temperature must be finite and > 0, got {draft_temperature}")
+    return _verify_outputs(target_logits)
+
+
+@torch.library.register_fake("dblast::sparse_verify")
+def _sparse_verify_fake(target_logits, draft_tokens, proposal_tokens, proposal_probs, uniforms, temperature, top_k,
+                        top_p, validate):
+    _check_target_logits(target_logits)
+    rows, num_draft = target_logits.size(0), target_logits.size(1) - 1
+    _check_same_device(draft_tokens, target_logits, "draft_tokens", "target_logits")
+    torch._check_value(draft_tokens.dtype == torch.int64,
+                       lambda: f"draft_tokens must be int64, got {_dtype_name(draft_tokens.dtype)}")
+    torch._check_value(draft_tokens.dim() == 2 and draft_tokens.size(0) == rows and draft_tokens.size(1) == num_draft,
+                       lambda: f"draft_tokens must have shape [{rows}, {num_draft}], got {_sizes(draft_tokens)}")
+    _check_same_device(proposal_tokens, target_logits, "proposal_tokens", "target_logits")
+    torch._check_value(proposal_tokens.dtype == torch.int64,
+                       lambda: f"proposal_tokens must be int64, got {_dtype_name(proposal_tokens.dtype)}")
+    torch._check_value(proposal_tokens.dim() == 3 and proposal_tokens.size(0) == rows
+                       and proposal_tokens.size(1) == num_draft,
+                       lambda: f"proposal_tokens must have shape [{rows}, {num_draft}, C], got "
+                               f"{_sizes(proposal_tokens)}")
+    candidates = proposal_tokens.size(2)
+    torch._check_value(1 <= candidates and candidates <= _MAX_BRANCHES,
+                       lambda: f"the number of candidates C (proposal_tokens.shape[2]) must be in "
+                               f"[1, {_MAX_BRANCHES}], got {candidates}")
+    _check_same_device(proposal_probs, target_logits, "proposal_probs", "target_logits")
+    torch._check_value(proposal_probs.dtype == torch.float32,
+                       lambda: f"proposal_probs must be float32, got {_dtype_name(proposal_probs.dtype)}")
+    torch._check_value(proposal_probs.shape == proposal_tokens.shape,
+                       lambda: f"proposal_probs must have shape [{rows}, {num_draft}, {candidates}] like "
+                               f"proposal_tokens, got {_sizes(proposal_probs)}")
+    _check_uniforms(uniforms, rows, num_draft, target_logits)
+    _check_filter(temperature, top_k, top_p)
     return _verify_outputs(target_logits)
 
 

@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Protocol, Sequence
 
 import torch
 
-from .dflash2 import draft_logits
+from .dflash2 import SelectedChain, draft_logits
 from .draft_vocabulary import DraftVocab, draft_vocabulary, end_of_sequence_ids
 from .drafter import DBlastDrafter, DrafterCache
 from .target import TargetAdapter
@@ -36,6 +36,15 @@ class RankedProposal(NamedTuple):
     prior: torch.Tensor          # [N, K] float32, as Proposal's
     top_tokens: torch.Tensor     # [N, K, b, m] int64: branch z's m likeliest tokens at position i, likeliest first
     top_probs: torch.Tensor      # [N, K, b, m] float32: the branch's probabilities of them
+
+
+class SparseProposal(NamedTuple):
+    """A sampled chain (K = 1) with the sparse proposal it was drawn from at every position
+    (DFlash2's selector at T > 0): verified by ops.sparse_verify, which needs q of each draft."""
+    branch_tokens: torch.Tensor    # [N, 1, b] int64: the chain
+    prior: torch.Tensor            # [N, 1] float32: ones
+    proposal_tokens: torch.Tensor  # [N, b, C] int64: the candidates at each position
+    proposal_probs: torch.Tensor   # [N, b, C] float32: q over them
 
 
 class ProposerCache(Protocol):
@@ -80,6 +89,10 @@ class DrafterProposer:
         self.draft_ids = draft_vocabulary(draft_vocab, target.vocab_size, end_of_sequence_ids(target.model))
         self._draft_head = None  # (the LM head it was gathered from, ids there, the rows for the kernel, as is)
         self.top_tokens = 0      # m: rank each branch's m likeliest tokens per position (0: only the argmax)
+        # DFlash2's selector: 0 walks the best-scoring candidates; above 0 it samples the chain at
+        # this temperature with `selector_generator` (the decode loop sets both to its own)
+        self.selector_temperature = 0.0
+        self.selector_generator: Optional[torch.Generator] = None
 
     @property
     def category_temperature(self) -> float:
@@ -117,7 +130,10 @@ class DrafterProposer:
                               context_lens=context_lens)
         prior = self.drafter.branch_prior(hidden[:, 0], self.category_temperature).float()
         if hasattr(self.drafter, "candidate_selector"):  # DFlash2: one chain, the selector's
-            return Proposal(self.selected_tokens(anchors, hidden), prior)
+            chain = self.selected_chain(anchors, hidden)
+            if chain.probs is None:
+                return Proposal(chain.tokens[:, None], prior)
+            return SparseProposal(chain.tokens[:, None], prior, chain.candidates, chain.probs)
         if self.top_tokens > 0:
             top_tokens, top_probs = self.ranked_tokens(hidden, self.top_tokens)
             return RankedProposal(top_tokens[..., 0].contiguous(), prior, top_tokens, top_probs)
@@ -134,10 +150,10 @@ class DrafterProposer:
         local, probs = self.drafter.ranked_branch_tokens(block_hidden, rows, len(ids), m)
         return ids[local], probs
 
-    def selected_tokens(self, anchors: torch.Tensor, block_hidden: torch.Tensor) -> torch.Tensor:
-        """A DFlash2 drafter's chain [N, 1, b] over the draft vocabulary: the LM head's logits at
-        every draft position (times the output multiplier, soft-capped), then the candidate
-        selector's greedy walk from each anchor (dblast_ext.dflash2)."""
+    def selected_chain(self, anchors: torch.Tensor, block_hidden: torch.Tensor) -> SelectedChain:
+        """A DFlash2 drafter's chain over the draft vocabulary: the LM head's logits at every
+        draft position (times the output multiplier, soft-capped), then the candidate selector's
+        walk from each anchor at `selector_temperature` (dblast_ext.dflash2)."""
         config = self.drafter.config
         if self.draft_ids is None:
             ids, rows = None, self.target.lm_head_weight[: self.target.vocab_size]
@@ -146,7 +162,8 @@ class DrafterProposer:
         hidden = block_hidden[:, 1:]
         logits = draft_logits(hidden.to(rows.dtype) @ rows.T, config.output_multiplier,
                               config.final_logit_softcapping)
-        return self.drafter.candidate_selector.walk(anchors, hidden, logits, ids)[:, None]
+        return self.drafter.candidate_selector.walk(anchors, hidden, logits, ids, self.selector_temperature,
+                                                    self.selector_generator)
 
     def draft_tokens(self, block_hidden: torch.Tensor) -> torch.Tensor:
         """Every branch's greedy token at every draft position, [N, K, b], over the draft

@@ -11,7 +11,7 @@ import torch
 from .results import BranchArgmax, SampledTokens, VerifyResult, draw_uniforms
 
 __all__ = ["filter_target_probs", "branch_verify", "mixture_verify", "sample_mixture_draft",
-           "greedy_branch_proposal", "mixture_proposal", "acceptance_probs", "final_token_weights",
+           "greedy_branch_proposal", "mixture_proposal", "sparse_proposal", "sparse_verify", "acceptance_probs", "final_token_weights",
            "inverse_cdf_sample", "sample_tokens", "branch_states", "branch_argmax", "key_visible", "drafter_attention"]
 
 
@@ -144,6 +144,29 @@ def branch_verify(target_logits: torch.Tensor, branch_tokens: torch.Tensor, bran
     draft = branch_tokens[torch.arange(branch_tokens.shape[0]), branch]
     proposals = greedy_branch_proposal(branch_tokens, branch_prior, branch, target_logits.shape[-1])
     return _verify_from_proposals(p, draft, proposals, uniforms)
+
+
+def sparse_proposal(proposal_tokens: torch.Tensor, proposal_probs: torch.Tensor, vocab_size: int) -> list:
+    """q(. | x_<i) given as C (token, probability) entries per position (DFlash2's candidate
+    selector): scattered onto the vocabulary, repeated ids summed. Returns b tensors [N, V]
+    (float64)."""
+    rows, num_draft, _ = proposal_tokens.shape
+    proposals = []
+    for i in range(num_draft):
+        q = torch.zeros(rows, vocab_size, dtype=torch.float64, device=proposal_tokens.device)
+        proposals.append(q.scatter_add_(-1, proposal_tokens[:, i], proposal_probs[:, i].double()))
+    return proposals
+
+
+def sparse_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, proposal_tokens: torch.Tensor,
+                  proposal_probs: torch.Tensor, uniforms: Optional[torch.Tensor] = None, *,
+                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                  generator: Optional[torch.Generator] = None, validate: bool = True) -> VerifyResult:
+    """Verification of a sampled chain with a sparse proposal. See dblast_ext.ops.sparse_verify."""
+    uniforms = draw_uniforms(target_logits, uniforms, generator)
+    p = filter_target_probs(target_logits, temperature, top_k, top_p)
+    proposals = sparse_proposal(proposal_tokens, proposal_probs, target_logits.shape[-1])
+    return _verify_from_proposals(p, draft_tokens, proposals, uniforms)
 
 
 def mixture_proposal(draft_logits: torch.Tensor, branch_prior: torch.Tensor, draft_tokens: torch.Tensor,

@@ -30,8 +30,9 @@ def test_build_info_describes_the_build():
     assert info["cuda_compiled"] == bool(info["cuda_archs"])
 
 
-def test_the_five_ops_are_registered():
-    assert OPS == ["branch_argmax", "branch_verify", "drafter_attention", "mixture_verify", "sample_tokens"]
+def test_the_six_ops_are_registered():
+    assert OPS == ["branch_argmax", "branch_verify", "drafter_attention", "mixture_verify", "sample_tokens",
+                   "sparse_verify"]
 
 
 @pytest.mark.parametrize("op", OPS)

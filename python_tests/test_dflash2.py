@@ -6,14 +6,16 @@ and greedy decoding with a DFlash2 drafter gives the target's own greedy output.
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
-from dblast_ext import load_drafter
+from dblast_ext import load_drafter, ops, reference
 from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
 from dblast_ext.dflash2 import CandidateSelector, GroupedDynamicConv, draft_logits
 from dblast_ext.drafter_io import save_pretrained
 from decoding_cases import PROMPT, hf_greedy
+from losslessness import assert_committed_tokens_follow_p, chi_square_pvalue
 from tiny_models import H, VOCAB, dflash2_state, tiny_target, write_dflash2_checkpoint
 
 
@@ -96,7 +98,7 @@ def test_the_selector_walks_the_best_scoring_candidate_from_the_anchor():
     anchors, hidden = torch.tensor([3, 41]), torch.randn(2, 4, H, generator=g)
     logits = draft_logits(torch.randn(2, 4, VOCAB, generator=g) * 10, 0.5, 3.0)
     assert logits.abs().max() <= 3.0
-    chain = selector.walk(anchors, hidden, logits)
+    chain = selector.walk(anchors, hidden, logits).tokens
     for row in range(2):
         previous = int(anchors[row])
         for i in range(4):
@@ -106,6 +108,63 @@ def test_the_selector_walks_the_best_scoring_candidate_from_the_anchor():
                                        @ selector.successor_codebook[c].double()) for u, c in zip(unary, candidates)]
             previous = int(candidates[max(range(5), key=lambda j: (scores[j], -j))])
             assert int(chain[row, i]) == previous
+
+
+def _random_selector(seed: int, rank: int = 6, top_k: int = 5):
+    """Parameters small enough that the pair term moves q without making it a point mass."""
+    g = torch.Generator().manual_seed(seed)
+    selector = CandidateSelector(H, VOCAB, rank, top_k)
+    with torch.no_grad():
+        for p in selector.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return selector, g
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 1.5])
+def test_the_sampled_walk_draws_each_token_from_the_softmax_of_the_scores(temperature):
+    """At T > 0 the chain keeps q_i = softmax(score_i / T) over the candidates it drew from, and
+    the drawn tokens follow q (one row repeated: each row's own draws)."""
+    selector, g = _random_selector(7)
+    rows = 20000
+    anchors = torch.full((rows,), 3)
+    hidden = torch.randn(1, 2, H, generator=g).expand(rows, -1, -1)
+    logits = draft_logits(torch.randn(1, 2, VOCAB, generator=g) * 2, 1.0, None).expand(rows, -1, -1)
+    chain = selector.walk(anchors, hidden, logits, temperature=temperature,
+                          generator=torch.Generator().manual_seed(8))
+    unary, candidates = logits[0, 0].double().topk(5)
+    projected = selector.hidden_projection.weight.double() @ hidden[0, 0].double()
+    scores = unary + selector.successor_codebook[candidates].double() @ (
+        selector.predecessor_codebook[3].double() * projected)
+    torch.testing.assert_close(chain.probs[0, 0].double(), torch.softmax(scores / temperature, -1), atol=1e-5,
+                               rtol=0)
+    assert torch.equal(chain.candidates[0, 0], candidates)
+    counts = np.array([(chain.tokens[:, 0] == c).sum().item() for c in candidates.tolist()])
+    assert chi_square_pvalue(counts, chain.probs[0, 0].double().numpy() * rows) > 1e-3
+    # position 2's q depends on the token drawn before it, row by row
+    first, second = [candidates[j] for j in np.argsort(-counts)[:2]]
+    assert not torch.equal(chain.probs[chain.tokens[:, 0] == first][0, 1],
+                           chain.probs[chain.tokens[:, 0] == second][0, 1])
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 1.5])
+def test_a_sampled_chain_verified_by_sparse_verify_commits_the_targets_distribution(temperature):
+    """The selector's sampled chains, verified against the proposal they were drawn from, commit
+    tokens that follow the target's filtered distribution at every position."""
+    selector, g = _random_selector(9, top_k=6)
+    rows, b = 60000, 3
+    hidden = torch.randn(1, b, H, generator=g).expand(rows, -1, -1)
+    target = torch.randn(1, b + 1, VOCAB, generator=g) * 2
+    drafter = target[:, :b] + torch.randn(1, b, VOCAB, generator=g)  # a drafter that roughly agrees
+    logits = draft_logits(drafter, 1.0, None).expand(rows, -1, -1)
+    chain = selector.walk(torch.full((rows,), 5), hidden, logits, temperature=temperature,
+                          generator=torch.Generator().manual_seed(10))
+    target_logits = target.expand(rows, -1, -1).contiguous()
+    settings = dict(temperature=temperature, top_k=0, top_p=0.95)
+    result = ops.sparse_verify(target_logits, chain.tokens, chain.candidates, chain.probs,
+                               generator=torch.Generator().manual_seed(11), **settings)
+    assert (result.num_accepted == b).float().mean() > 0.001
+    p = reference.filter_target_probs(target_logits[0], **settings)
+    assert_committed_tokens_follow_p(p, result.num_accepted, result.output_tokens)
 
 
 def test_identity_convolutions_and_a_silent_selector_draft_what_dflash_does(tmp_path):

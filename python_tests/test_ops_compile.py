@@ -47,6 +47,17 @@ def mixture_verify_case(seed=0, rows=3, branches=3, num_draft=4, vocab=30, dtype
                 draft_temperature=0.8, validate=True)
 
 
+def sparse_verify_case(seed=0, rows=3, num_draft=4, vocab=30, candidates=5, dtype=torch.float32):
+    g = _gen(seed)
+    logits = torch.randn(rows, num_draft + 1, vocab, generator=g) * 2.0
+    scores, tokens = (logits[:, :num_draft] + torch.randn(rows, num_draft, vocab, generator=g)).topk(candidates, -1)
+    probs = scores.softmax(-1)
+    draft = tokens[:, :, 0].clone()
+    uniforms = torch.rand(rows, num_draft + 1, generator=g, dtype=torch.float64)
+    return dict(target_logits=logits.to(dtype), draft_tokens=draft, proposal_tokens=tokens, proposal_probs=probs,
+                uniforms=uniforms, temperature=0.9, top_k=20, top_p=0.95, validate=True)
+
+
 def sample_tokens_case(seed=0, rows=5, vocab=40, queries=3, dtype=torch.float32):
     g = _gen(seed)
     logits = torch.randn(rows, vocab, generator=g) * 2.0
@@ -86,12 +97,14 @@ SCHEMA = {
                       "top_p", "validate"],
     "mixture_verify": ["target_logits", "draft_logits", "branch_prior", "draft_tokens", "uniforms", "temperature",
                        "top_k", "top_p", "draft_temperature", "validate"],
+    "sparse_verify": ["target_logits", "draft_tokens", "proposal_tokens", "proposal_probs", "uniforms", "temperature",
+                      "top_k", "top_p", "validate"],
     "sample_tokens": ["logits", "uniforms", "temperature", "top_k", "top_p", "query_tokens", "validate"],
     "branch_argmax": ["hidden", "lm_head_weight", "expander_weight", "expander_bias", "vocab_size", "tile_bytes"],
     "drafter_attention": ["q", "k_cache", "v_cache", "k_block", "v_block", "context_lens", "scale", "window",
                           "causal"],
 }
-CASES = {"branch_verify": branch_verify_case, "mixture_verify": mixture_verify_case,
+CASES = {"branch_verify": branch_verify_case, "mixture_verify": mixture_verify_case, "sparse_verify": sparse_verify_case,
          "sample_tokens": sample_tokens_case, "branch_argmax": branch_argmax_case, "drafter_attention": drafter_attention_case}
 
 
@@ -136,6 +149,9 @@ GOOD = [
     ("mixture_verify", dict()),
     ("mixture_verify", dict(branches=1, num_draft=7, dtype=torch.bfloat16)),
     ("mixture_verify", dict(rows=0, dtype=torch.float16)),
+    ("sparse_verify", dict()),
+    ("sparse_verify", dict(num_draft=1, candidates=1, dtype=torch.bfloat16)),
+    ("sparse_verify", dict(rows=0, dtype=torch.float16)),
     ("sample_tokens", dict()),
     ("sample_tokens", dict(queries=0, dtype=torch.bfloat16)),
     ("sample_tokens", dict(rows=0, dtype=torch.float16)),
@@ -225,6 +241,20 @@ BAD = [
     ("mixture_verify", "top_p", _set(top_p=-1.0)),
     ("mixture_verify", "draft_temperature", _set(draft_temperature=0.0)),
     ("mixture_verify", "draft_temperature", _set(draft_temperature=float("nan"))),
+    # sparse_verify: N = 3, b = 4, V = 30, C = 5
+    ("sparse_verify", "target_logits", _set(target_logits=lambda t: t[0])),
+    ("sparse_verify", "target_logits", _set(target_logits=lambda t: t.double())),
+    ("sparse_verify", "draft_tokens", _set(draft_tokens=lambda t: t[:, :3])),
+    ("sparse_verify", "draft_tokens", _set(draft_tokens=lambda t: t.int())),
+    ("sparse_verify", "proposal_tokens", _set(proposal_tokens=lambda t: t[:, :3])),
+    ("sparse_verify", "proposal_tokens", _set(proposal_tokens=lambda t: t[..., 0])),
+    ("sparse_verify", "proposal_tokens", _set(proposal_tokens=lambda t: t.int())),
+    ("sparse_verify", "number of candidates C",
+     _set(proposal_tokens=lambda t: t[..., :0], proposal_probs=lambda t: t[..., :0])),
+    ("sparse_verify", "proposal_probs", _set(proposal_probs=lambda t: t[..., :4])),
+    ("sparse_verify", "proposal_probs", _set(proposal_probs=lambda t: t.double())),
+    ("sparse_verify", "uniforms", _set(uniforms=lambda t: t[:, :4])),
+    ("sparse_verify", "top_p", _set(top_p=1.5)),
     # sample_tokens: R = 5, V = 40, C = 3
     ("sample_tokens", "logits", _set(logits=lambda t: t[0])),
     ("sample_tokens", "logits", _set(logits=lambda t: t.double())),
@@ -298,6 +328,8 @@ def test_fake_refuses_what_the_kernel_refuses(device, name, pattern, mutate):
     ("branch_argmax", "expander_weight"), ("branch_argmax", "expander_bias"), ("drafter_attention", "k_cache"),
     ("drafter_attention", "v_cache"), ("drafter_attention", "k_block"), ("drafter_attention", "v_block"),
     ("drafter_attention", "context_lens"), ("sample_tokens", "uniforms"), ("sample_tokens", "query_tokens"),
+    ("sparse_verify", "draft_tokens"), ("sparse_verify", "proposal_tokens"), ("sparse_verify", "proposal_probs"),
+    ("sparse_verify", "uniforms"),
 ])
 def test_fake_refuses_mixed_devices(name, tensor_name):
     """All inputs on (fake) CUDA but one on the CPU: refused naming that one, as the kernels do."""

@@ -105,3 +105,20 @@ def assert_verify_close(result, expected, margins: torch.Tensor, tol: float = 1e
     assert clear.double().mean() >= 1 - max_ambiguous, f"{int((~clear).sum())} rows near a decision boundary"
     torch.testing.assert_close(result.num_accepted.cpu()[clear], expected.num_accepted[clear], atol=0, rtol=0)
     torch.testing.assert_close(result.output_tokens.cpu()[clear], expected.output_tokens[clear], atol=0, rtol=0)
+
+
+def make_sparse_case(rows: int, num_draft: int, vocab: int, candidates: int, settings: FilterSettings,
+                     generator: torch.Generator, dtype=torch.float32, scale: float = 2.0):
+    """Random target logits and a chain drafted the way DFlash2's selector drafts: at every
+    position the top `candidates` ids of a noisy copy of the target's logits, q the softmax of
+    their noisy scores, the draft sampled from q (rounded through float32, as the decode loop
+    passes it)."""
+    logits = torch.randn(rows, num_draft + 1, vocab, generator=generator) * scale
+    noisy = 0.8 * logits[:, :num_draft] + torch.randn(rows, num_draft, vocab, generator=generator) * scale * 0.6
+    scores, tokens = noisy.topk(min(candidates, vocab), dim=-1)
+    probs = (scores.double() / max(settings.temperature, 0.5)).softmax(-1).float()
+    picked = _sample_tokens(probs.double(), generator)
+    draft = tokens.gather(-1, picked[..., None]).squeeze(-1)
+    uniforms = torch.rand(rows, num_draft + 1, generator=generator, dtype=torch.float64)
+    return dict(target_logits=logits.to(dtype), draft_tokens=draft, proposal_tokens=tokens, proposal_probs=probs,
+                uniforms=uniforms)

@@ -1,4 +1,4 @@
-// Argument and value checks of dblast::branch_verify and dblast::mixture_verify (declared in
+// Argument and value checks of the verifier ops and sample_tokens (declared in
 // dblast/verify_checks.h), compiled by the C++ compiler for both the CPU and CUDA bindings.
 #include "dblast/verify_checks.h"
 
@@ -165,6 +165,35 @@ void check_mixture_verify_args(const at::Tensor& target_logits, const at::Tensor
               "draft_temperature must be finite and > 0, got ", draft_temperature);
 }
 
+void check_sparse_verify_args(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+                              const at::Tensor& proposal_tokens, const at::Tensor& proposal_probs,
+                              const at::Tensor& uniforms, double temperature, int64_t top_k, double top_p) {
+  check_target_logits(target_logits);
+  const int64_t rows = target_logits.size(0), num_draft = target_logits.size(1) - 1;
+  check_same_device(draft_tokens, target_logits, "draft_tokens");
+  TORCH_CHECK_VALUE(draft_tokens.scalar_type() == at::kLong, "draft_tokens must be int64, got ",
+              draft_tokens.scalar_type());
+  TORCH_CHECK_VALUE(draft_tokens.dim() == 2 && draft_tokens.size(0) == rows && draft_tokens.size(1) == num_draft,
+              "draft_tokens must have shape [", rows, ", ", num_draft, "], got ", draft_tokens.sizes());
+  check_same_device(proposal_tokens, target_logits, "proposal_tokens");
+  TORCH_CHECK_VALUE(proposal_tokens.scalar_type() == at::kLong, "proposal_tokens must be int64, got ",
+              proposal_tokens.scalar_type());
+  TORCH_CHECK_VALUE(proposal_tokens.dim() == 3 && proposal_tokens.size(0) == rows &&
+                  proposal_tokens.size(1) == num_draft,
+              "proposal_tokens must have shape [", rows, ", ", num_draft, ", C], got ", proposal_tokens.sizes());
+  const int64_t candidates = proposal_tokens.size(2);
+  TORCH_CHECK_VALUE(candidates >= 1 && candidates <= kMaxSparseEntries,
+              "the number of candidates C (proposal_tokens.shape[2]) must be in [1, ", kMaxSparseEntries, "], got ",
+              candidates);
+  check_same_device(proposal_probs, target_logits, "proposal_probs");
+  TORCH_CHECK_VALUE(proposal_probs.scalar_type() == at::kFloat, "proposal_probs must be float32, got ",
+              proposal_probs.scalar_type());
+  TORCH_CHECK_VALUE(proposal_probs.sizes() == proposal_tokens.sizes(), "proposal_probs must have shape [", rows,
+              ", ", num_draft, ", ", candidates, "] like proposal_tokens, got ", proposal_probs.sizes());
+  check_uniforms(uniforms, rows, num_draft, target_logits);
+  check_filter_args(temperature, top_k, top_p);
+}
+
 void check_sample_tokens_args(const at::Tensor& logits, const at::Tensor& uniforms, double temperature,
                               int64_t top_k, double top_p, const at::Tensor& query_tokens) {
   check_floating_logits(logits, "logits");
@@ -206,6 +235,22 @@ void check_branch_verify_values(const at::Tensor& target_logits, const at::Tenso
   const at::Tensor chosen = branch_prior.gather(1, branch.clamp(0, num_branches - 1).unsqueeze(1));
   checks.push_back({chosen.gt(0).all(), "branch must select categories with branch_prior > 0"});
   run_value_checks(checks);
+}
+
+void check_sparse_verify_values(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+                                const at::Tensor& proposal_tokens, const at::Tensor& proposal_probs,
+                                const at::Tensor& uniforms) {
+  const int64_t vocab = target_logits.size(2);
+  run_value_checks({
+      finite_check(target_logits, "target_logits"),
+      range_check(draft_tokens, vocab, "draft_tokens"),
+      range_check(proposal_tokens, vocab, "proposal_tokens"),
+      {proposal_probs.ge(0).logical_and(at::isfinite(proposal_probs)).all(),
+       "proposal_probs must have finite entries >= 0"},
+      {proposal_probs.sum(2).sub(1.0).abs().le(1e-4).all(),
+       "proposal_probs must sum to 1 (within 1e-4) at every row and position"},
+      {uniforms.ge(0).logical_and(uniforms.lt(1)).all(), "uniforms must lie in [0, 1)"},
+  });
 }
 
 void check_mixture_verify_values(const at::Tensor& target_logits, const at::Tensor& draft_logits,

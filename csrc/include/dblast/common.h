@@ -15,4 +15,8 @@ namespace dblast {
 // registers/shared memory; wrappers reject larger K before any kernel runs.
 constexpr int kMaxBranches = 64;
 
+// Upper bound on the entries of a sparse proposal at one position (a greedy-branch proposal has
+// one per branch; the sparse-proposal verifier takes C candidates), kept on the stack.
+constexpr int kMaxSparseEntries = kMaxBranches;
+
 }  // namespace dblast

@@ -30,6 +30,12 @@ void check_mixture_verify_args(const at::Tensor& target_logits, const at::Tensor
                                const at::Tensor& uniforms, double temperature, int64_t top_k, double top_p,
                                double draft_temperature);
 
+// The sparse-proposal verifier (a sampled chain whose proposal at each position is C candidate
+// ids and their probabilities; DFlash2's candidate selector).
+void check_sparse_verify_args(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+                              const at::Tensor& proposal_tokens, const at::Tensor& proposal_probs,
+                              const at::Tensor& uniforms, double temperature, int64_t top_k, double top_p);
+
 void check_sample_tokens_args(const at::Tensor& logits, const at::Tensor& uniforms, double temperature,
                               int64_t top_k, double top_p, const at::Tensor& query_tokens);
 
@@ -40,6 +46,10 @@ void check_branch_verify_values(const at::Tensor& target_logits, const at::Tenso
 void check_mixture_verify_values(const at::Tensor& target_logits, const at::Tensor& draft_logits,
                                  const at::Tensor& branch_prior, const at::Tensor& draft_tokens,
                                  const at::Tensor& uniforms);
+
+void check_sparse_verify_values(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+                                const at::Tensor& proposal_tokens, const at::Tensor& proposal_probs,
+                                const at::Tensor& uniforms);
 
 void check_sample_tokens_values(const at::Tensor& logits, const at::Tensor& uniforms,
                                 const at::Tensor& query_tokens);
