@@ -330,6 +330,33 @@ class DBlastDrafter(nn.Module):
         return shaped.transpose(1, 2).contiguous()
 
     @torch.no_grad()
+    def add_dflash2(self, conv_kernel_size: int, conv_group_size: int, selector_rank: int, selector_top_k: int,
+                    generator: Optional[torch.Generator] = None) -> None:
+        """Makes a K = 1 (DFlash) drafter a DFlash2 one that drafts what it drafted: convolutions
+        around every sublayer as the identity, and a candidate selector whose pair term is zero
+        (successor codebook 0) but not stuck there (the predecessor codebook and the projection
+        random, so the successor codebook's gradient is not zero). Draft logits unscaled."""
+        if self.config.is_dflash2:
+            raise ValueError("the drafter is a DFlash2 drafter already")
+        if self.num_branches != 1:
+            raise ValueError(f"DFlash2 parts go on a K = 1 (DFlash) drafter, this one has {self.num_branches} branches")
+        c, ref = self.config, self.fc.weight
+        for layer in self.layers:
+            for name in ("attention_conv", "mlp_conv"):
+                conv = GroupedDynamicConv(c.hidden_size, conv_kernel_size, conv_group_size).to(ref.device, ref.dtype)
+                conv.make_identity()
+                setattr(layer, name, conv)
+        selector = CandidateSelector(c.hidden_size, c.vocab_size, selector_rank, selector_top_k).to(ref.device,
+                                                                                                    ref.dtype)
+        g = generator if generator is not None else torch.Generator().manual_seed(0)
+        selector.hidden_projection.weight.copy_(torch.randn(selector_rank, c.hidden_size, generator=g)
+                                                / c.hidden_size**0.5)
+        selector.predecessor_codebook.copy_(torch.randn(c.vocab_size, selector_rank, generator=g) / selector_rank**0.5)
+        self.candidate_selector = selector
+        c.conv_kernel_size, c.conv_group_size = conv_kernel_size, conv_group_size
+        c.selector_rank, c.selector_top_k = selector_rank, selector_top_k
+
+    @torch.no_grad()
     def add_branch_head(self, num_branches: int, generator: Optional[torch.Generator] = None,
                         spread: float = 1e-3) -> None:
         """Adds a K-branch head to a K = 1 (DFlash) drafter. Branches start near the DFlash

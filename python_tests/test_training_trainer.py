@@ -394,6 +394,13 @@ def test_train_command_runs_a_config_file(world, capsys):
     ({"distill_weight": 0.5}, "distill_weight 0.5 applies to the nll objective only"),
     ({"feature_scaling": "std"}, "feature_scaling"),
     ({"select_by": "tau"}, "select_by must be one of"),
+    ({"dflash2": {"conv_kernel_size": 2}}, "dflash2 must be an object with exactly"),
+    ({"dflash2": {"conv_kernel_size": 2, "conv_group_size": 0, "selector_rank": 4, "selector_top_k": 4}},
+     "dflash2.conv_group_size must be a positive integer"),
+    ({"dflash2": {"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 4, "selector_top_k": 4},
+      "num_branches": 4}, "num_branches must be 1 or null with dflash2"),
+    ({"selector_weight": -1}, "selector_weight"),
+    ({"freeze_backbone": "yes"}, "freeze_backbone"),
 ])
 def test_bad_configs_fail_clearly(world, change, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):
@@ -436,3 +443,70 @@ def test_torchrun_processes_share_a_step_like_gradient_accumulation(world):
     b = load_drafter(str(root / "ddp" / "final")).state_dict()
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5)
+
+
+# --- DFlash2: identity convolutions and a selector added to a DFlash drafter, then trained ---------
+
+DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 8, "selector_top_k": 4}
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_a_dflash_drafter_trains_into_a_dflash2_one(world, freeze):
+    """The DFlash2 parts start as a no-op (the converted drafter's greedy chain is the DFlash
+    drafter's), the selector's cross-entropy falls, a frozen backbone stays as it was, and the
+    result saves as a DFlash2 checkpoint that decodes exactly."""
+    root, target_dir, drafter_dir, _ = world
+    name = f"dflash2-{freeze}"
+    c = config(world, name, num_branches=None, objective="nll", dflash2=DFLASH2, freeze_backbone=freeze,
+               max_steps=60, save_every=30, lr=1e-2, eval_at_start=True)
+    result = train(c, progress=False)
+    evals = [json.loads(line) for line in open(root / name / "eval_log.jsonl")]
+    assert evals[0]["step"] == 0 and evals[-1]["selector_loss"] < evals[0]["selector_loss"]
+    model, tokenizer = load_target(target_dir, device="cpu")
+    trained = load_drafter(result["final"], target=model)
+    assert trained.config.is_dflash2 and trained.config.selector_top_k == 4
+    assert json.load(open(os.path.join(result["final"], "config.json")))["architectures"] == ["DFlash2DraftModel"]
+    before = load_drafter(drafter_dir, target=model)
+    backbone_same = torch.equal(trained.layers[0].mlp.gate_proj.weight, before.layers[0].mlp.gate_proj.weight)
+    assert backbone_same == freeze
+    assert not torch.equal(trained.candidate_selector.successor_codebook,
+                           torch.zeros_like(trained.candidate_selector.successor_codebook))
+    ids = tokenizer("t5 t6 t7")["input_ids"]
+    expected = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=16, eos_token_id=None,
+                              attention_mask=torch.ones(1, len(ids), dtype=torch.long), pad_token_id=0)
+    out = SpeculativeDecoder(model, trained).generate(ids, SamplingParams(0.0), max_new_tokens=16)
+    assert out.token_ids == expected[0, len(ids):].tolist()
+
+
+def test_the_added_dflash2_parts_draft_what_the_dflash_drafter_drafted(world):
+    from dblast_ext.training.objective import greedy_drafts, selector_drafts
+
+    _, target_dir, drafter_dir, _ = world
+    model, _ = load_target(target_dir, device="cpu")
+    drafter = load_drafter(drafter_dir, target=model)
+    from dblast_ext.target import TargetAdapter
+
+    hidden = block_hidden(drafter)
+    blocks = hidden.view(4, drafter.config.block_size, -1)[:, 1:]   # 2 rows x 2 blocks, the draft positions
+    target = TargetAdapter(model, drafter.config.target_layer_ids)
+    plain = greedy_drafts(drafter, target, blocks, torch.zeros(4, 1))
+    drafter.add_dflash2(**DFLASH2)
+    assert torch.equal(block_hidden(drafter), hidden)  # identity convolutions
+    chain = selector_drafts(drafter, target, blocks, torch.zeros(4, dtype=torch.long))
+    assert torch.equal(chain, plain)  # a zero pair term: each position's top logit
+
+
+def test_the_selectors_candidates_always_hold_the_label():
+    from dblast_ext.training.selector_loss import selector_candidates
+
+    g = torch.Generator().manual_seed(0)
+    hidden, head = torch.randn(30, 8, generator=g), torch.randn(50, 8, generator=g)
+    labels = torch.randint(0, 50, (30,), generator=g)
+    candidates, unary, slot = selector_candidates(hidden, head, 50, 4, labels, chunk_size=7)
+    logits = hidden @ head.T
+    assert torch.equal(candidates.gather(1, slot[:, None].long())[:, 0], labels)
+    torch.testing.assert_close(unary, logits.gather(1, candidates))
+    top = logits.topk(4).indices
+    inside = (top == labels[:, None]).any(-1)
+    assert torch.equal(candidates[inside], top[inside])
+    assert torch.equal(candidates[~inside, :3], top[~inside, :3]) and (slot[~inside] == 3).all()

@@ -28,7 +28,12 @@
       "recompute_logits": true,              # false: keep label logits for backward (faster, more memory)
       "device": null, "dtype": "auto",
       "feature_cache": "runs/features",      # optional: target features computed once per data file
-      "autocast": "auto"                     # bfloat16 | off | auto (bfloat16 on CUDA, off on CPU)
+      "autocast": "auto",                    # bfloat16 | off | auto (bfloat16 on CUDA, off on CPU)
+      "dflash2": {"conv_kernel_size": 2, "conv_group_size": 16,   # optional: make a K = 1 init_from a
+                  "selector_rank": 64, "selector_top_k": 16},     # DFlash2 drafter (identity convs, new
+                                                                 # selector) or train a DFlash2 one
+      "selector_weight": 1.0,                # DFlash2: weight of the selector's candidate cross-entropy
+      "freeze_backbone": false               # DFlash2: train only the convolutions and the selector
     }
 """
 import json
@@ -78,6 +83,9 @@ class TrainConfig:
     dtype: str = "auto"
     feature_cache: Optional[str] = None
     autocast: str = "auto"
+    dflash2: Optional[dict] = None
+    selector_weight: float = 1.0
+    freeze_backbone: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -86,7 +94,8 @@ class TrainConfig:
 # What runs made before a field existed trained with: a saved config without the field is
 # compared as if it held this value.
 LEGACY_VALUES = {"distill_weight": 0.0, "feature_scaling": "none", "patience": None, "eval_at_start": False,
-                 "select_by": "loss"}
+                 "select_by": "loss", "dflash2": None, "selector_weight": 1.0, "freeze_backbone": False}
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 # The held-out measures that can pick the best checkpoint (`select_by`), and whether higher is
 # better: the loss for the NLL objectives; the accepted-length proxy for the surrogate, whose
 # loss sums over a retained prefix set that grows as the drafter improves, so that a better
@@ -188,6 +197,21 @@ def validate(c: TrainConfig, flags: Optional[Dict[str, str]] = None) -> TrainCon
     if c.feature_scaling not in FEATURE_SCALINGS:
         raise ValueError(f"training config: feature_scaling must be one of {FEATURE_SCALINGS}, "
                          f"got {c.feature_scaling!r}")
+    if c.dflash2 is not None:
+        if not isinstance(c.dflash2, dict) or sorted(c.dflash2) != sorted(DFLASH2_FIELDS):
+            raise ValueError(f"training config: dflash2 must be an object with exactly {list(DFLASH2_FIELDS)}, "
+                             f"got {c.dflash2!r}")
+        for key in DFLASH2_FIELDS:
+            _positive(f"training config: dflash2.{key}", c.dflash2[key])
+        if c.init_from is None:
+            raise ValueError("training config: dflash2 adds DFlash2's parts to a K = 1 drafter: it needs init_from")
+        if c.num_branches not in (None, 1):
+            raise ValueError(f"training config: a DFlash2 drafter drafts one chain: num_branches must be 1 or "
+                             f"null with dflash2, got {c.num_branches}")
+    if not _is_number(c.selector_weight) or not c.selector_weight >= 0:
+        raise ValueError(f"training config: selector_weight must be a number >= 0, got {c.selector_weight!r}")
+    if not isinstance(c.freeze_backbone, bool):
+        raise ValueError(f"training config: freeze_backbone must be true or false, got {c.freeze_backbone!r}")
     from ..drafter_io import checkpoint_files
     from ..target_loading import check_target_path
 

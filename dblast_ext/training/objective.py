@@ -10,6 +10,7 @@ from ..target import TargetAdapter
 from ..drafter import DBlastDrafter
 from .block_forward import block_inputs, drafter_block_hidden
 from .feature_cache import TOP_K, target_pass
+from .selector_loss import selector_loss
 from .losses import accepted_length_proxy, accepted_length_surrogate, distillation_loss, gather_branch_logprobs, \
     nll_independent, nll_mixture
 
@@ -105,6 +106,16 @@ def greedy_drafts(drafter: DBlastDrafter, target: TargetAdapter, hidden: torch.T
     return tokens.gather(-1, branch).squeeze(-1)
 
 
+@torch.no_grad()
+def selector_drafts(drafter: DBlastDrafter, target: TargetAdapter, hidden: torch.Tensor,
+                    anchors: torch.Tensor) -> torch.Tensor:
+    """A DFlash2 drafter's greedy chain, as decoding drafts it: hidden [B, b, H] (normed draft
+    positions), anchors [B] -> [B, b] (the selector's walk over the LM head's logits)."""
+    weight = target.lm_head_weight.detach()[: target.vocab_size]
+    logits = hidden.detach().to(weight.dtype) @ weight.T
+    return drafter.candidate_selector.walk(anchors, hidden.detach(), logits).tokens
+
+
 def target_features(target: TargetAdapter, batch: Batch) -> torch.Tensor:
     """Context features [N, T, L*H] of every position (one inference-mode forward)."""
     return target_pass(target, batch.input_ids, batch.attention_mask).features
@@ -115,13 +126,15 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
                position_weights: Optional[torch.Tensor] = None, chunk_size: int = 1024,
                features: Optional[torch.Tensor] = None, recompute_logits: bool = True, distill_weight: float = 0.0,
                teacher: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-               agreement: bool = False) -> Dict[str, torch.Tensor]:
+               agreement: bool = False, selector_weight: float = 1.0) -> Dict[str, torch.Tensor]:
     """{"loss", "accepted_proxy", "blocks"} of one batch. `features` (the target's context
     features) and `teacher` (its top-k ids and log-probs [N, T, k], `FeatureCache.batch_topk`)
     may be passed in when computed already. With `distill_weight` w > 0 (objective nll only)
     the loss is (1 - w) * the NLL + w * `distillation_loss`. With `agreement`, also
     "agreement_hits" and "agreement_positions" [b]: per block position, how often the greedy
-    draft (`greedy_drafts`) is the target's most likely token (teacher-forced on the data)."""
+    draft (`greedy_drafts`) is the target's most likely token (teacher-forced on the data). A
+    DFlash2 drafter's loss adds `selector_weight` times its selector's cross-entropy
+    (training/selector_loss.py), reported on its own as "selector_loss"."""
     if distill_weight and objective != "nll":
         raise ValueError(f"distill_weight applies to the nll objective only, got objective {objective!r}")
     need_teacher = (distill_weight > 0 or agreement) and teacher is None
@@ -157,8 +170,11 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
         return {"loss": zero, "accepted_proxy": torch.tensor(0.0), "blocks": torch.tensor(0),
                 **({"agreement_hits": none, "agreement_positions": none} if agreement else {})}
     counts = {}
+    selector = getattr(drafter, "candidate_selector", None)
+    previous = at_draft_positions(batch.input_ids, anchors, block, shift=0)[keep]   # the token before each
     if agreement:
-        drafts = greedy_drafts(drafter, target, hidden[:, :, 1:][keep], prior_logits[keep])
+        drafts = (selector_drafts(drafter, target, hidden[:, :, 1:][keep], previous[:, 0]) if selector is not None
+                  else greedy_drafts(drafter, target, hidden[:, :, 1:][keep], prior_logits[keep]))
         top1 = block_teacher(teacher, anchors, block)[0][..., 0][keep]
         hits, positions = top1_agreement_counts(drafts, top1, mask[keep])
         counts = {"agreement_hits": hits.cpu(), "agreement_positions": positions.cpu()}
@@ -175,5 +191,10 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
                                          position_weights=position_weights)
     else:
         raise ValueError(f"objective must be 'nll' or 'al', got {objective!r}")
+    if selector is not None:
+        chosen = selector_loss(selector, hidden[:, :, 1:][keep], previous, labels[keep], mask,
+                               target.lm_head_weight.detach(), target.vocab_size, position_weights, chunk_size)
+        counts["selector_loss"] = chosen.detach()
+        loss = loss + selector_weight * chosen
     proxy = accepted_length_proxy(prior_logits, branch_lp, target_lp, mask)
     return {"loss": loss, "accepted_proxy": proxy, "blocks": torch.tensor(int(keep.sum())), **counts}

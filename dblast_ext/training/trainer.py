@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -36,6 +37,9 @@ from .data import read_training_data
 from .feature_cache import FeatureCache, file_digest, open_feature_caches, response_feature_stats, rms_feature_scale
 from .losses import decay_weights, flat_step_weights
 from .objective import batch_loss, collate
+
+# a DFlash2 drafter's own parts, the ones freeze_backbone trains
+DFLASH2_PART = re.compile(r"(^|\.)(attention_conv|mlp_conv|candidate_selector)\.")
 
 STATE_FILE = "trainer_state.pt"
 
@@ -71,6 +75,12 @@ def build_drafter(config: TrainConfig, target) -> (DBlastDrafter, Optional[int])
                 raise ValueError(f"init_from has {drafter.num_branches} branches; num_branches "
                                  f"{config.num_branches} needs a K = 1 (DFlash) checkpoint to add a head to")
             drafter.add_branch_head(config.num_branches, generator=generator)
+        if config.dflash2 is not None and not drafter.config.is_dflash2:
+            drafter.add_dflash2(**config.dflash2, generator=generator)
+        if drafter.config.is_dflash2 and (drafter.config.output_multiplier != 1.0
+                                          or drafter.config.final_logit_softcapping):
+            raise ValueError("training a DFlash2 drafter whose draft logits are scaled or soft-capped is not "
+                             "supported: the losses read the LM head's own logits")
         if config.block_size is not None:
             if config.block_size < trained_block and not config.allow_smaller_block:
                 raise ValueError(f"block_size {config.block_size} is below the checkpoint's {trained_block}: "
@@ -304,7 +314,8 @@ def _config_loss(drafter, target, batch, config: TrainConfig, weights, generator
     return batch_loss(drafter, target, batch, objective=config.objective, num_anchors=config.num_anchors,
                       generator=generator, tau=config.tau, al_variant=config.al_variant, position_weights=weights,
                       chunk_size=config.chunk_size, features=features, recompute_logits=config.recompute_logits,
-                      distill_weight=config.distill_weight, teacher=teacher, agreement=agreement)
+                      distill_weight=config.distill_weight, teacher=teacher, agreement=agreement,
+                      selector_weight=config.selector_weight)
 
 
 def evaluate(drafter, target, records, config, weights, device, cache: Optional[FeatureCache] = None) \
@@ -323,6 +334,8 @@ def evaluate(drafter, target, records, config, weights, device, cache: Optional[
             n = int(out["blocks"])
             totals["loss"] += float(out["loss"]) * n
             totals["accepted_proxy"] += float(out["accepted_proxy"]) * n
+            if "selector_loss" in out:  # DFlash2: the selector's share of the loss
+                totals["selector_loss"] = totals.get("selector_loss", 0.0) + float(out["selector_loss"]) * n
             hits, positions = hits + out["agreement_hits"], positions + out["agreement_positions"]
             blocks += n
     result = {k: v / max(1, blocks) for k, v in totals.items()}
@@ -418,7 +431,14 @@ def _train(config: TrainConfig, device: str, parallel: _Distributed, progress: b
              feature_scale(config, records, target, cache, progress and parallel.rank == 0))
     if scale is not None:
         set_feature_scale(drafter, scale.to(device), keep_function=trained_block is not None)
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    if config.freeze_backbone:
+        if not drafter.config.is_dflash2:
+            raise ValueError("freeze_backbone trains a DFlash2 drafter's convolutions and selector: the drafter "
+                             "has neither (set dflash2)")
+        for name, parameter in drafter.named_parameters():
+            parameter.requires_grad_(DFLASH2_PART.search(name) is not None)
+    trained = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, warmup))
     start = 0
     if state:
