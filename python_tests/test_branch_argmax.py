@@ -122,19 +122,67 @@ def test_padding_rows_never_win_nor_count(device, vocab, padded):
     assert_matches_float64_reference(result, case, vocab_size=vocab)
 
 
-@pytest.mark.parametrize("same_tile", [True, False])
-def test_planted_tie_resolves_to_the_lower_id(device, same_tile):
-    width, vocab = 32, 5000
-    hidden = torch.zeros(3, width)
+# (vocab, low, high, tile_bytes): one tile, two of the CPU's small tiles, and, at a real
+# vocabulary with 8 rows x 2 branches, two of the staged CUDA kernel's vocabulary tiles
+TIES = [(5000, 10, 20, 64 * 4 * 8), (5000, 10, 4900, 64 * 4 * 8), (151669, 10, 151000, 0)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab,low,high,tile_bytes", TIES, ids=["same-tile", "other-tile", "real-vocab"])
+def test_planted_tie_resolves_to_the_lower_id(device, vocab, low, high, tile_bytes, dtype):
+    width = 32
+    hidden = torch.zeros(8, width)
     hidden[:, 0] = 1.0  # logits are then exactly column 0 of the head, whatever the summation order
-    head = torch.rand(vocab, width)
-    low, high = (10, 20) if same_tile else (10, 4900)
+    head = torch.rand(vocab, width) * 4  # below 7.0 in every dtype; 7.0 is exact in all three
     head[low, 0] = head[high, 0] = 7.0
     expander_weight = torch.zeros(2 * width, width)  # both branches equal h: both tie
     expander_bias = torch.zeros(2 * width)
-    result = ops.branch_argmax(hidden.to(device), head.to(device), expander_weight.to(device),
-                               expander_bias.to(device), tile_bytes=64 * 4 * 8)
+    args = [t.to(device, dtype) for t in (hidden, head, expander_weight, expander_bias)]
+    result = ops.branch_argmax(*args, tile_bytes=tile_bytes)
     assert (result.tokens.cpu() == low).all()
+    assert (result.max_logits.cpu() == 7.0).all()
+
+
+# A real vocabulary (Qwen3: 151,669 tokens in 151,936 rows) with N * K large enough that the
+# staged CUDA kernel walks it in several vocabulary tiles (its float32 logits workspace holds
+# 16 MiB; the last tile is shorter), at a small H so that the float64 reference stays quick.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,branches", [(32, 1), (8, 4), (4, 8)])
+def test_a_real_vocabulary_in_several_tiles_matches_the_reference(device, rows, branches, dtype):
+    vocab = 151669
+    case = make_case(rows, branches, 32, vocab, dtype, seed=branches + 40, padded=151936 - vocab)
+    result = ops.branch_argmax(**to_device(case, device), vocab_size=vocab)
+    assert_matches_float64_reference(result, case, vocab_size=vocab)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("kernels", ["verified", "staged"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cuda_graph_replay_matches_an_eager_call(kernels, dtype):
+    """Captured once, replayed on new inputs copied into the captured tensors: no host sync,
+    no allocation that outlives the capture, the same answer as an eager call."""
+    rows, branches, width, vocab = 16, 4, 64, 151936  # several of the staged kernel's tiles
+    with ops.using_cuda_kernels(kernels):
+        static = to_device(make_case(rows, branches, width, vocab, dtype, seed=60), "cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture stream (cuBLAS handles, workspaces)
+            for _ in range(2):
+                ops.branch_argmax(**static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = ops.branch_argmax(**static)
+        fresh = to_device(make_case(rows, branches, width, vocab, dtype, seed=61), "cuda")
+        for name, tensor in fresh.items():
+            static[name].copy_(tensor)
+        graph.replay()
+        eager = ops.branch_argmax(**fresh)
+        torch.cuda.synchronize()
+    assert torch.equal(captured.tokens, eager.tokens)
+    torch.testing.assert_close(captured.max_logits, eager.max_logits, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(captured.logsumexp, eager.logsumexp, rtol=1e-6, atol=1e-6)
+    assert_matches_float64_reference(eager, {k: v.cpu() for k, v in fresh.items()})
 
 
 def test_tile_size_does_not_change_the_answer():

@@ -194,6 +194,37 @@ def test_greedy_output_with_a_dflash2_drafter_equals_the_targets_own(tmp_path, f
     assert decoder.generate(PROMPT, SamplingParams(0.0), max_new_tokens=24).token_ids == hf_greedy(target, PROMPT, 24)
 
 
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_greedy_cycles_are_the_published_reference_loops(tmp_path, family):
+    """Cycle by cycle at T = 0, the drafts, the accepted lengths and the tokens are those of a
+    loop written in the order of z-lab's published reference (dflash2_reference_loop.py): no
+    caches there, the decode loop's caches and kernels here. The reference drafts a shorter block
+    near the length limit, where this loop drafts the whole block and keeps what fits: the
+    cycles before the limit are compared."""
+    from dflash2_reference_loop import reference_greedy
+
+    target = tiny_target(family)
+    drafter = load_drafter(write_dflash2_checkpoint(tmp_path / "d"), target=target)
+    decoder = SpeculativeDecoder(target, drafter, controller="off")
+    drafted = []
+    propose = decoder.proposer.propose
+
+    def spy(*args, **kwargs):
+        proposal = propose(*args, **kwargs)
+        drafted.append(proposal.branch_tokens[0, 0].tolist())
+        return proposal
+
+    decoder.proposer.propose = spy
+    out = decoder.generate(PROMPT, SamplingParams(0.0), max_new_tokens=40)
+    tokens, cycles = reference_greedy(target, drafter, PROMPT, 40)
+    assert out.token_ids == tokens
+    block = drafter.config.block_size
+    full = [i for i, (drafts, _) in enumerate(cycles) if len(drafts) == block - 1]
+    assert len(full) >= 8
+    assert [drafted[i] for i in full] == [cycles[i][0] for i in full]
+    assert [out.cycles[i].num_accepted for i in full] == [cycles[i][1] for i in full]
+
+
 def test_sampling_with_a_dflash2_drafter_runs_and_is_reproducible(tmp_path):
     target = tiny_target()
     drafter = load_drafter(write_dflash2_checkpoint(tmp_path / "d"), target=target)
