@@ -1,7 +1,9 @@
 """Turns a pytest-benchmark JSON file into the op-vs-reference table of bench/RESULTS.md.
 
     python bench/summarize.py results.json [more.json ...] [--machine "..."] > table.md
-Each row is one benchmark group: the op's and the reference's mean time and their ratio.
+Each row is one benchmark group: the op's and the reference's mean time and their ratio; on a GPU
+run with staged CUDA kernels (the `cuda-staged` device, docs/ops.md) also the staged op's mean
+time, its speed-up over the verified op and its fraction of the HBM roofline.
 Decode-cycle benchmarks (extra_info cycle_ms) also get a table of per-cycle times with the
 overhead of K branches over K = 1.
 """
@@ -32,6 +34,8 @@ def main():
     peak = collections.defaultdict(dict)  # group -> impl -> peak extra host bytes
     for bench in data["benchmarks"]:
         impl = bench["params"].get("impl", "op")
+        if bench["params"].get("device") == "cuda-staged":  # the same group, timed with the staged kernels
+            impl = "staged" if impl == "op" else f"{impl}-staged"
         info = bench.get("extra_info", {})
         groups[bench["group"]][impl] = bench["stats"]
         if "bytes" in info:
@@ -44,11 +48,15 @@ def main():
     print(f"Machine: {machine}; torch {torch_version}; date {date}\n")
     roofline = args.bandwidth is not None
     memory = bool(peak)
+    staged = any("staged" in impls for impls in groups.values())
     header = "| group | op mean (ms) | reference mean (ms) | speed-up (reference / op) | op rounds |"
     header += " HBM roofline |" if roofline else ""
+    header += " staged op mean (ms) | staged speed-up (op / staged) |" if staged else ""
+    header += " staged HBM roofline |" if staged and roofline else ""
     header += " op peak extra (MB) | reference peak extra (MB) | memory ratio (op / reference) |" if memory else ""
     print(header)
-    print("| --- | ---: | ---: | ---: | ---: |" + (" ---: |" if roofline else "") + (" ---: | ---: | ---: |" if memory else ""))
+    print("| --- | ---: | ---: | ---: | ---: |" + (" ---: |" if roofline else "") + (" ---: | ---: |" if staged else "")
+          + (" ---: |" if staged and roofline else "") + (" ---: | ---: | ---: |" if memory else ""))
     for group, impls in sorted(groups.items()):
         op, ref = impls.get("op"), impls.get("reference")
         op_ms = f"{op['mean'] * 1e3:.3f}" if op else "-"
@@ -59,6 +67,13 @@ def main():
             # bytes that must be read once / bandwidth, over the measured time
             fraction = bytes_read[group] / args.bandwidth / op["mean"] if op and group in bytes_read else None
             row += f" {fraction:.1%} |" if fraction is not None else " - |"
+        if staged:
+            fast = impls.get("staged")
+            row += f" {fast['mean'] * 1e3:.3f} |" if fast else " - |"
+            row += f" {op['mean'] / fast['mean']:.1f}x |" if fast and op else " - |"
+            if roofline:
+                fraction = bytes_read[group] / args.bandwidth / fast["mean"] if fast and group in bytes_read else None
+                row += f" {fraction:.1%} |" if fraction is not None else " - |"
         if memory:
             op_peak, ref_peak = peak[group].get("op"), peak[group].get("reference")
             row += f" {op_peak / 1e6:.1f} |" if op_peak is not None else " - |"

@@ -58,6 +58,12 @@ class DrafterConfig:
     def is_dflash2(self) -> bool:
         return self.conv_kernel_size is not None or self.selector_rank is not None
 
+    @property
+    def family(self) -> str:
+        """Which drafter this is: "dflash2" (convolutions, candidate selector), "dblast" (K > 1
+        branches) or "dflash" (neither); docs/design.md, the drafter family."""
+        return "dflash2" if self.is_dflash2 else "dblast" if self.num_branches > 1 else "dflash"
+
     def sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
 

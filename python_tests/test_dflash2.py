@@ -292,3 +292,13 @@ def test_the_published_five_layer_configs_build_the_published_shapes(raw, shapes
     assert len(state) == 81  # 15 per layer, fc, hidden_norm, norm and the selector's three
     for name, shape in shapes.items():
         assert tuple(state[name].shape) == shape, name
+
+
+def test_the_drafter_family_is_named_by_the_parts_a_checkpoint_has(tmp_path):
+    from tiny_models import write_dflash_checkpoint
+
+    assert load_drafter(write_dflash2_checkpoint(tmp_path / "d2")).config.family == "dflash2"
+    dflash = load_drafter(write_dflash_checkpoint(tmp_path / "d1"))
+    assert dflash.config.family == "dflash"
+    dflash.add_branch_head(4)
+    assert dflash.config.family == "dblast"

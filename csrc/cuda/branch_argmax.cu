@@ -6,8 +6,9 @@
 // ties). W is read with 16-byte loads; each weight tile is loaded once per 16 R rows of X
 // (R = 1, 2 or 4 rows per thread, the smallest that covers N*K up to 64), so for N*K <= 64 the
 // LM head is read from device memory once per call and few padding rows are multiplied.
-// Float32 FMAs. With the staged kernels switched on (dblast/kernel_variant.h) the checked
-// arguments go to staged/branch_argmax.cu instead (tensor-core GEMMs over vocabulary tiles).
+// Float32 FMAs. With the staged kernels switched on (dblast/kernel_variant.h) or this one
+// promoted (staged/promoted.h) the checked arguments go to staged/branch_argmax.cu instead
+// (tensor-core GEMMs over vocabulary tiles).
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -15,8 +16,8 @@
 #include "block_primitives.cuh"
 #include "dblast/argmax_logsumexp.h"
 #include "dblast/branch_argmax_checks.h"
-#include "dblast/kernel_variant.h"
 #include "dblast/verify_checks.h"
+#include "staged/promoted.h"
 #include "staged/staged_ops.h"
 
 namespace dblast::cuda {
@@ -203,7 +204,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> branch_argmax_cuda(
   (void)tile_bytes;  // the CPU's tiling knob; the GPU tiles in registers
   const int64_t num_branches =
       check_branch_argmax_args(hidden, lm_head_weight, expander_weight, expander_bias, vocab_size);
-  if (cuda_kernel_variant() == KernelVariant::kStaged) {
+  if (staged::use_staged(staged::Op::kBranchArgmax)) {
     return staged::branch_argmax(hidden, lm_head_weight, expander_weight, expander_bias, vocab_size);
   }
   const c10::cuda::CUDAGuard guard(hidden.device());
