@@ -66,7 +66,7 @@ declare -A STAGED_TESTS=(
   [mixture_verify]="python_tests/test_mixture_verify.py::test_matches_reference_across_dtypes"
   [sample_tokens]="python_tests/test_sample_tokens.py::test_matches_reference_across_dtypes"
   [branch_argmax]="python_tests/test_branch_argmax.py::test_planted_tie_resolves_to_the_lower_id"
-  [drafter_attention]="python_tests/test_drafter_attention.py::test_matches_reference_across_dtypes"
+  [drafter_attention]="python_tests/test_drafter_attention.py::test_split_and_tile_edges_match_the_reference"
 )
 sanitize() {  # sanitize TOOL SECONDS TEST...: the exit code of compute-sanitizer over those tests' staged cases
   local tool=$1 seconds=$2

@@ -1,5 +1,9 @@
 """drafter_attention vs the reference (concatenate, then scaled dot-product attention) at the
-drafter shapes of Qwen3-8B (Hq=32, Hkv=8, D=128) and SmolLM2 (Hq=9, Hkv=3, D=64), B = 16."""
+drafter shapes of Qwen3-8B (Hq=32, Hkv=8, D=128) and SmolLM2 (Hq=9, Hkv=3, D=64), B = 16.
+On a GPU (bfloat16) the op runs with the verified and with the staged kernels side by side
+(bench/conftest.py); N = 1 and N = 8 at a 32k context are the staged kernel's targets (issue
+48: <= 80 us and <= 500 us on an H200). The timed region includes the host checks and the
+context_lens value check's sync."""
 import functools
 
 import pytest
@@ -32,6 +36,8 @@ def inputs(model, rows, context, device):
 @pytest.mark.parametrize("rows", [1, 8])
 @pytest.mark.parametrize("model", list(SHAPES))
 def test_drafter_attention(timed, benchmark, device, model, rows, context, impl):
+    if impl == "reference" and device == "cuda" and ops.cuda_kernels() == "staged":
+        pytest.skip("the reference is the same under either kernel variant: timed once, with the verified run")
     case = inputs(model, rows, context, device)
     benchmark.group = f"drafter_attention {device} {model} N={rows} ctx={context} {str(case['q'].dtype)[6:]}"
     cache = case["k_cache"]

@@ -101,13 +101,14 @@ class CandidateSelector(nn.Module):
     @torch.no_grad()
     def walk(self, anchors: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor,
              ids: Optional[torch.Tensor] = None, temperature: float = 0.0,
-             generator: Optional[torch.Generator] = None) -> SelectedChain:
+             generator: Optional[torch.Generator] = None, uniforms: Optional[torch.Tensor] = None) -> SelectedChain:
         """The chain over a block: anchors [N], the drafted positions' normed states hidden
         [N, b, H] and draft logits [N, b, V'] (after multiplier and soft-cap) over the token ids
         `ids` [V'] (a draft vocabulary; None: ids 0..V'-1). At temperature 0 each position takes
         its best-scoring candidate (the lowest slot on ties); above 0 it draws one from
-        softmax(score / temperature) over the candidates with `generator`, and the chain keeps
-        what it drew from (the sparse proposal sparse_verify checks it against)."""
+        q = softmax(score / temperature) over the candidates by inverse CDF on `uniforms`
+        [N, b] in [0, 1) (drawn from `generator` when None), and the chain keeps what it drew from
+        (the sparse proposal sparse_verify checks it against)."""
         k = min(self.top_k, logits.shape[-1])
         unary, candidates = logits.float().topk(k, dim=-1)              # [N, b, k], likeliest first
         if ids is not None:
@@ -116,12 +117,16 @@ class CandidateSelector(nn.Module):
         successors = self.successor_codebook[candidates].float()        # [N, b, k, R]
         previous = anchors
         chain, probs = [], []
+        if temperature > 0 and uniforms is None:
+            uniforms = torch.rand(hidden.shape[:2], generator=generator, dtype=torch.float64).to(hidden.device)
         for i in range(hidden.shape[1]):
             query = self.predecessor_codebook[previous].float() * projected[:, i]        # [N, R]
             scores = unary[:, i] + (successors[:, i] @ query[:, :, None])[..., 0]      # [N, k]
             if temperature > 0:
                 q = torch.softmax(scores / temperature, dim=-1)
-                slot = torch.multinomial(q, 1, generator=generator)
+                # the first slot whose cumulative mass passes u (the last one if rounding leaves u unreached)
+                below = q.double().cumsum(-1) <= uniforms[:, i : i + 1].double()
+                slot = below.sum(-1, keepdim=True).clamp(max=k - 1)
                 probs.append(q)
             else:
                 slot = scores.argmax(-1, keepdim=True)  # first max: lowest slot

@@ -211,3 +211,75 @@ def test_transposed_views_match_the_reference(device, dtype):
     exact = {k: (v.double() if v.is_floating_point() else v) for k, v in case.items()}
     expected = reference.drafter_attention(**exact, window=9, causal=True)
     torch.testing.assert_close(out.cpu().double(), expected, **TOLERANCE[dtype])
+
+
+# Split-KV and tile edges. On CUDA the staged kernel cuts each row's keys into splits of whole
+# 32-key tiles (at least 256 keys) from its real length, and the grid's split count from the
+# shapes: with N = 8 rows of 2 KV heads and L_max = 3000 every long row spans several splits,
+# the ragged lengths end inside tiles, an empty context leaves the block alone, and a window
+# shorter than the context starts the keys mid-tile. B = 7 and B = 24 make query tiles of 56
+# and 96 rows (a second, partial tile).
+EDGE_LENS = [0, 1, 31, 32, 33, 257, 1500, 3000]
+EDGE_CASES = [  # group, dim, dtype, window, causal, block
+    (1, 64, torch.bfloat16, -1, False, 16),
+    (4, 128, torch.bfloat16, -1, True, 16),
+    (8, 128, torch.float16, 700, True, 16),
+    (4, 64, torch.float16, 33, False, 16),
+    (8, 64, torch.bfloat16, 1000, False, 7),
+    (1, 128, torch.float16, 5, True, 16),
+    (4, 128, torch.bfloat16, 2999, True, 24),
+]
+
+
+@pytest.mark.parametrize("group,dim,dtype,window,causal,block", EDGE_CASES,
+                         ids=[f"g{c[0]}-d{c[1]}-{str(c[2])[6:]}-w{c[3]}-{'causal' if c[4] else 'full'}-b{c[5]}"
+                              for c in EDGE_CASES])
+def test_split_and_tile_edges_match_the_reference(device, group, dim, dtype, window, causal, block):
+    case = make_case(8, 2, group, block, dim, 3000, dtype, seed=group * 1000 + dim + block, lens=EDGE_LENS)
+    check(case, device, window=window, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_short_rows_in_a_large_cache(device, dtype):
+    """The grid is sized from the cache's capacity (L_max = 8192), the work from the real
+    lengths: rows far shorter than the cache still match."""
+    case = make_case(3, 2, 4, 16, 128, 8192, dtype, seed=31, lens=[5, 300, 0])
+    check(case, device, window=-1, causal=True)
+
+
+def test_many_rows_one_split_each(device):
+    """N * Hkv large enough to fill the GPU with one split per row (the staged kernel then
+    normalises in place, no combine)."""
+    case = make_case(40, 8, 4, 16, 64, 400, torch.bfloat16, seed=32)
+    check(case, device, window=300, causal=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("kernels", ["verified", "staged"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_graph_capture_replays_new_inputs(kernels, dtype):
+    """The op captures into a torch.cuda.CUDAGraph (no host sync while capturing: the
+    context_lens value check is skipped then) and a replay after copying new inputs, lengths
+    included, into the captured tensors equals an eager call on them. float32 runs the
+    verified kernel under either switch."""
+    kwargs = dict(window=700, causal=True)
+    with ops.using_cuda_kernels(kernels):
+        static = to_device(make_case(4, 2, 4, 16, 128, 2000, dtype, seed=40, lens=[2000, 100, 0, 1333]), "cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture, as torch.cuda.graphs asks
+            ops.drafter_attention(**static, **kwargs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = ops.drafter_attention(**static, **kwargs)
+        fresh = make_case(4, 2, 4, 16, 128, 2000, dtype, seed=41, lens=[7, 2000, 650, 0])
+        for name, value in to_device(fresh, "cuda").items():
+            static[name].copy_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = ops.drafter_attention(**to_device(fresh, "cuda"), **kwargs)
+        assert torch.equal(captured, eager)
+    exact = {k: (v.double() if v.is_floating_point() else v) for k, v in fresh.items()}
+    torch.testing.assert_close(captured.cpu().double(), reference.drafter_attention(**exact, **kwargs),
+                               **TOLERANCE[dtype])

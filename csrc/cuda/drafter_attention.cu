@@ -3,6 +3,10 @@
 // positions together, so each K/V tile is read once for the whole group. Keys are streamed
 // through shared memory 32 at a time with an online softmax in float32; each split leaves an
 // unnormalised partial (O, max, sum) and a combine kernel merges the splits.
+// When the staged kernels are in force (dblast/kernel_variant.h) or this one is promoted
+// (staged/promoted.h), bfloat16/float16 inputs with a head dim the staged tensor-core kernel
+// covers go to it (csrc/cuda/staged/drafter_attention.cu) after the same host checks; the rest
+// stays here.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -14,6 +18,9 @@
 
 #include "dblast/attention_checks.h"
 #include "dblast/verify_checks.h"
+#include "staged/drafter_attention.cuh"
+#include "staged/promoted.h"
+#include "staged/staged_ops.h"
 
 namespace dblast::cuda {
 namespace {
@@ -70,7 +77,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int tile_rows = static_cast<int>(rows_left < kQueryTile ? rows_left : kQueryTile);
 
   // Keys of this split, in the combined order: cached context first, then the block.
-  const int64_t length = a.lens[n];
+  // clamped: under graph capture the host does not check the values (drafter_attention_cuda)
+  const int64_t length = min(max(static_cast<int64_t>(a.lens[n]), int64_t{0}), a.max_len);
   const ContextRange context = context_range(length, a.window);
   const bool mask = needs_query_mask(a.block, a.window, a.causal);
   const int64_t query = m % a.block;  // this row's position in the block (rows are head-major)
@@ -231,7 +239,6 @@ at::Tensor drafter_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache
   check_drafter_attention_args(q, k_cache, v_cache, k_block, v_block, context_lens, scale, window);
   const int64_t dim = q.size(3);
   check_cuda_head_dim(q);
-  check_context_lens(context_lens, k_cache.size(2));
   const c10::cuda::CUDAGuard guard(q.device());
   int device = 0, sms = 0, shared_limit = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
@@ -239,6 +246,18 @@ at::Tensor drafter_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   check_cuda_attention_launch(q, k_cache, split_kernel_shared_bytes(dim), shared_limit);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  // The value check of context_lens synchronises with the device, which a stream capturing a
+  // CUDA graph must not do: while capturing it is skipped, and both kernels clamp the lengths
+  // to [0, L_max] on the device, so their reads stay inside the cache whatever the values.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  const bool check_values = capture == cudaStreamCaptureStatusNone;
+  if (check_values) check_context_lens(context_lens, k_cache.size(2));
+  if (staged::use_staged(staged::Op::kDrafterAttention) && staged::drafter_attention_covers(q.scalar_type(), dim)) {
+    at::Tensor staged_out =
+        staged::drafter_attention(q, k_cache, v_cache, k_block, v_block, context_lens, scale, window, causal);
+    if (staged_out.defined()) return staged_out;  // undefined: shapes the staged kernel leaves to this one
+  }
   const at::Tensor qc = contiguous_16_byte_aligned(q), kc = contiguous_16_byte_aligned(k_cache);
   const at::Tensor vc = contiguous_16_byte_aligned(v_cache), kb = contiguous_16_byte_aligned(k_block);
   const at::Tensor vb = contiguous_16_byte_aligned(v_block), lens = context_lens.contiguous();

@@ -88,14 +88,16 @@ def main() -> int:
     parser.add_argument("--work", default=here(ROOT, "runs", "smollm2-dflash2"))
     parser.add_argument("--candidate", default=here(ROOT, "runs", "smollm2-dflash2", "candidate"),
                         help="where the trained drafter is packaged for evaluation")
-    parser.add_argument("--settings", default="{}", help="JSON overrides of the settings of a NEW ledger")
+    parser.add_argument("--settings", default="{}", help="JSON overrides of the settings of a NEW ledger (also "
+                        "\"shards\": a list of shard names instead of the chunk's)")
     parser.add_argument("--plan", action="store_true")
     args = parser.parse_args()
     ledger = read_json(args.ledger)
     if ledger is None:
         five_x = read_json(os.path.join(HERE, "training", "ledger.json"))
         settings = {**SETTINGS, **json.loads(args.settings)}
-        shards = [name for i, name in enumerate(five_x["shards"]) if i % five_x["settings"]["chunks"] == settings["chunk"]]
+        shards = settings.pop("shards", None) or [name for i, name in enumerate(five_x["shards"])
+                                                  if i % five_x["settings"]["chunks"] == settings["chunk"]]
         ledger = {"settings": settings, "shards": shards, "stages": {}, "choice": None,
                   "date": datetime.date.today().isoformat()}
     elif args.settings != "{}":

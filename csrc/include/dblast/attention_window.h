@@ -32,6 +32,14 @@ DBLAST_HD bool block_key_visible(int64_t key, int64_t query, int64_t window, boo
   return within_window(key > query ? key - query : query - key, window);
 }
 
+// The first context position that every query of a block of `block` tokens sees (every
+// position at or after it is visible to all of them, as context_key_visible says: the last
+// query, length + block - 1, is the farthest from a context key). Kernels skip the per-query
+// rule on key tiles that start at or after it; 0 without a window.
+DBLAST_HD int64_t context_visible_to_all_from(int64_t length, int64_t block, int64_t window) {
+  return window > 0 ? length + block - window : 0;
+}
+
 // Whether any query of a block of `block` tokens is denied a key the full (non-causal,
 // unwindowed) pattern would show it, beyond the context range: if not, no per-query mask is needed.
 DBLAST_HD bool needs_query_mask(int64_t block, int64_t window, bool causal) {
