@@ -1,4 +1,5 @@
 """dblast::branch_verify against its specification (dblast_ext.reference.branch_verify)."""
+import functools
 import itertools
 
 import numpy as np
@@ -12,15 +13,21 @@ from verify_cases import FilterSettings, assert_verify_close, decision_margins, 
 FILTERS = [FilterSettings(t, k, p) for t, k, p in itertools.product([0.0, 0.7, 1.0, 1.5], [0, 1, 20], [0.8, 0.95, 1.0])]
 
 
-def check_against_reference(case: dict, settings: FilterSettings, device):
-    result = ops.branch_verify(**to_device(case, device), **settings.kwargs())
+def reference_outcome(case: dict, settings: FilterSettings):
+    """The float64 reference's result and, per row, how far its decisions are from flipping."""
     expected = reference.branch_verify(**case, **settings.kwargs())
     p = reference.filter_target_probs(case["target_logits"], **settings.kwargs())
     rows = case["branch"].shape[0]
     draft = case["branch_tokens"][torch.arange(rows), case["branch"]]
     proposals = reference.greedy_branch_proposal(case["branch_tokens"], case["branch_prior"], case["branch"],
                                                  case["target_logits"].shape[-1])
-    assert_verify_close(result, expected, decision_margins(p, draft, proposals, case["uniforms"]))
+    return expected, decision_margins(p, draft, proposals, case["uniforms"])
+
+
+def check_against_reference(case: dict, settings: FilterSettings, device, outcome=None):
+    result = ops.branch_verify(**to_device(case, device), **settings.kwargs())
+    expected, margins = outcome if outcome is not None else reference_outcome(case, settings)
+    assert_verify_close(result, expected, margins)
     return result
 
 
@@ -183,6 +190,63 @@ def test_uniforms_drawn_from_generator_are_reproducible(device):
         assert torch.equal(x, y)
     other = ops.branch_verify(**case, generator=gen(100))
     assert not torch.equal(a.output_tokens, other.output_tokens)
+
+
+# --- real vocabularies, split over a cluster of blocks (the staged kernels) -------------------
+
+SPLIT_CASES = [  # (vocab, settings, dtype): the staged kernels cut these rows over 8 blocks
+    (151936, FilterSettings(0.0, 0, 1.0), torch.bfloat16),
+    (151936, FilterSettings(0.7, 20, 0.9), torch.bfloat16),
+    (151936, FilterSettings(1.0, 0, 0.95), torch.bfloat16),
+    (49152, FilterSettings(0.7, 0, 0.8), torch.float32),
+    (49152, FilterSettings(1.0, 1000, 1.0), torch.float32),
+    (40961, FilterSettings(1.0, 50, 0.95), torch.float16),  # uneven slices, unaligned rows
+]
+
+
+@functools.lru_cache(maxsize=None)
+def split_case(index: int):
+    """SPLIT_CASES[index]'s inputs and reference outcome, computed once for every device."""
+    vocab, settings, dtype = SPLIT_CASES[index]
+    case = make_branch_case(6, 4, 3, vocab, settings, torch.Generator().manual_seed(vocab + 1), dtype)
+    return case, reference_outcome(case, settings)
+
+
+@pytest.mark.parametrize("vocab,settings,dtype", SPLIT_CASES,
+                         ids=[f"V{v}-T{s.temperature}-k{s.top_k}-p{s.top_p}" for v, s, _ in SPLIT_CASES])
+def test_real_vocabularies_match_the_reference(device, vocab, settings, dtype):
+    """Qwen3's and SmolLM2's vocabularies (and an odd one): the max, the top-k / top-p
+    thresholds, the masses and the draws combine the parts of a row that separate blocks hold;
+    6 rows x 4 positions put draws in every part."""
+    case, outcome = split_case(SPLIT_CASES.index((vocab, settings, dtype)))
+    check_against_reference(case, settings, device, outcome)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("variant", ["verified", "staged"])
+def test_cuda_graph_replay_matches_eager_calls(variant):
+    """validate=False never waits for the host: the op is captured in a CUDA graph, and replays
+    on new inputs copied into the captured tensors give the eager results."""
+    settings = FilterSettings(0.8, 20, 0.95)
+    cases = [to_device(make_branch_case(4, 4, 7, 49152, settings, torch.Generator().manual_seed(seed),
+                                        torch.bfloat16), "cuda") for seed in (41, 42)]
+    with ops.using_cuda_kernels(variant):
+        static = {k: v.clone() for k, v in cases[0].items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs asks
+            ops.branch_verify(**static, **settings.kwargs(), validate=False)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = ops.branch_verify(**static, **settings.kwargs(), validate=False)
+        for case in (cases[1], cases[0]):
+            for key, value in case.items():
+                static[key].copy_(value)
+            graph.replay()
+            eager = ops.branch_verify(**case, **settings.kwargs(), validate=False)
+            for a, b in zip(captured, eager):
+                assert torch.equal(a, b)
 
 
 # --- losslessness ---------------------------------------------------------------------------

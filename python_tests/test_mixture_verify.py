@@ -1,4 +1,5 @@
 """dblast::mixture_verify against its specification (dblast_ext.reference.mixture_verify)."""
+import functools
 import itertools
 
 import numpy as np
@@ -12,14 +13,21 @@ from verify_cases import FilterSettings, assert_verify_close, decision_margins, 
 FILTERS = [FilterSettings(t, k, p) for t, k, p in itertools.product([0.0, 0.7, 1.0, 1.5], [0, 1, 20], [0.8, 0.95, 1.0])]
 
 
-def check_against_reference(case: dict, settings: FilterSettings, device, draft_temperature: float = 1.0):
-    kwargs = dict(settings.kwargs(), draft_temperature=draft_temperature)
-    result = ops.mixture_verify(**to_device(case, device), **kwargs)
-    expected = reference.mixture_verify(**case, **kwargs)
+def reference_outcome(case: dict, settings: FilterSettings, draft_temperature: float = 1.0):
+    """The float64 reference's result and, per row, how far its decisions are from flipping."""
+    expected = reference.mixture_verify(**case, **settings.kwargs(), draft_temperature=draft_temperature)
     p = reference.filter_target_probs(case["target_logits"], **settings.kwargs())
     proposals = reference.mixture_proposal(case["draft_logits"], case["branch_prior"], case["draft_tokens"],
                                            draft_temperature)
-    assert_verify_close(result, expected, decision_margins(p, case["draft_tokens"], proposals, case["uniforms"]))
+    return expected, decision_margins(p, case["draft_tokens"], proposals, case["uniforms"])
+
+
+def check_against_reference(case: dict, settings: FilterSettings, device, draft_temperature: float = 1.0,
+                            outcome=None):
+    kwargs = dict(settings.kwargs(), draft_temperature=draft_temperature)
+    result = ops.mixture_verify(**to_device(case, device), **kwargs)
+    expected, margins = outcome if outcome is not None else reference_outcome(case, settings, draft_temperature)
+    assert_verify_close(result, expected, margins)
     return result
 
 
@@ -63,6 +71,62 @@ def test_matches_reference_across_dtypes(device, logits_dtype, uniforms_dtype, n
     case["target_logits"] = case["target_logits"].to(logits_dtype)
     case["uniforms"] = case["uniforms"].to(uniforms_dtype)
     check_against_reference(case, settings, device)
+
+
+SPLIT_CASES = [  # (vocab, settings, dtype): the staged kernels cut these target rows over 8 blocks
+    (151936, FilterSettings(0.0, 0, 1.0), torch.bfloat16),
+    (151936, FilterSettings(0.7, 20, 0.9), torch.bfloat16),
+    (49152, FilterSettings(1.0, 0, 0.95), torch.float32),
+    (49152, FilterSettings(0.7, 50, 0.8), torch.bfloat16),
+]
+
+
+@functools.lru_cache(maxsize=None)
+def split_case(index: int):
+    """SPLIT_CASES[index]'s inputs and reference outcome, computed once for every device."""
+    vocab, settings, dtype = SPLIT_CASES[index]
+    case = make_mixture_case(4, 4, 3, vocab, settings, torch.Generator().manual_seed(vocab + 3), dtype,
+                             draft_temperature=0.8)
+    return case, reference_outcome(case, settings, 0.8)
+
+
+@pytest.mark.parametrize("vocab,settings,dtype", SPLIT_CASES,
+                         ids=[f"V{v}-T{s.temperature}-k{s.top_k}-p{s.top_p}" for v, s, _ in SPLIT_CASES])
+def test_real_vocabularies_match_the_reference(device, vocab, settings, dtype):
+    """Real vocabularies: the staged kernels reduce every branch row in 4,096-token chunks and
+    split every target row over a cluster of blocks; 4 rows x 4 positions put the draws in
+    every part of the row."""
+    case, outcome = split_case(SPLIT_CASES.index((vocab, settings, dtype)))
+    check_against_reference(case, settings, device, draft_temperature=0.8, outcome=outcome)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("variant", ["verified", "staged"])
+def test_cuda_graph_replay_matches_eager_calls(variant):
+    """validate=False never waits for the host: the op (both launches of the staged kernels)
+    is captured in a CUDA graph, and replays on new inputs copied into the captured tensors
+    give the eager results."""
+    settings = FilterSettings(0.8, 20, 0.95)
+    kwargs = dict(settings.kwargs(), draft_temperature=0.9)
+    cases = [to_device(make_mixture_case(2, 4, 7, 49152, settings, torch.Generator().manual_seed(seed),
+                                         torch.bfloat16, draft_temperature=0.9), "cuda") for seed in (41, 42)]
+    with ops.using_cuda_kernels(variant):
+        static = {k: v.clone() for k, v in cases[0].items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs asks
+            ops.mixture_verify(**static, **kwargs, validate=False)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = ops.mixture_verify(**static, **kwargs, validate=False)
+        for case in (cases[1], cases[0]):
+            for key, value in case.items():
+                static[key].copy_(value)
+            graph.replay()
+            eager = ops.mixture_verify(**case, **kwargs, validate=False)
+            for a, b in zip(captured, eager):
+                assert torch.equal(a, b)
 
 
 def test_skipping_validation_changes_nothing_on_valid_input(device):

@@ -1,4 +1,5 @@
 """dblast::sample_tokens against its specification (dblast_ext.reference.sample_tokens)."""
+import functools
 import itertools
 
 import numpy as np
@@ -29,13 +30,18 @@ def cdf_margin(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return (cumulative - target).abs().min(-1).values
 
 
-def check_against_reference(logits, uniforms, query, settings, device):
+def reference_outcome(logits, uniforms, query, settings):
+    """The float64 reference's result and which rows' draws lie clear of a CDF step."""
+    expected = reference.sample_tokens(logits, uniforms, query_tokens=query, **settings.kwargs())
+    probs = reference.filter_target_probs(logits, **settings.kwargs())
+    return expected, cdf_margin(probs, uniforms) > 1e-9
+
+
+def check_against_reference(logits, uniforms, query, settings, device, outcome=None):
     result = ops.sample_tokens(logits.to(device), uniforms.to(device), query_tokens=query.to(device),
                                **settings.kwargs())
-    expected = reference.sample_tokens(logits, uniforms, query_tokens=query, **settings.kwargs())
+    expected, decided = outcome if outcome is not None else reference_outcome(logits, uniforms, query, settings)
     assert result.tokens.dtype == torch.int64 and result.query_probs.dtype == torch.float32
-    probs = reference.filter_target_probs(logits, **settings.kwargs())
-    decided = cdf_margin(probs, uniforms) > 1e-9
     assert decided.float().mean() > 0.9  # the comparison below covers almost every row
     assert torch.equal(result.tokens.cpu()[decided], expected.tokens[decided])
     torch.testing.assert_close(result.query_probs.cpu(), expected.query_probs, rtol=1e-5, atol=1e-6)
@@ -110,6 +116,82 @@ def test_skipping_validation_changes_nothing_on_valid_input(device):
     a = ops.sample_tokens(*args, query_tokens=query.to(device), top_p=0.9)
     b = ops.sample_tokens(*args, query_tokens=query.to(device), top_p=0.9, validate=False)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.query_probs, b.query_probs)
+
+
+SPLIT_CASES = [  # (vocab, settings, dtype): the staged kernel cuts these rows over 8 blocks
+    (151936, FilterSettings(0.0, 0, 1.0), torch.bfloat16),
+    (151936, FilterSettings(0.7, 20, 0.95), torch.bfloat16),
+    (151936, FilterSettings(1.0, 0, 0.9), torch.float32),
+    (49152, FilterSettings(0.7, 0, 0.8), torch.bfloat16),
+    (49152, FilterSettings(1.0, 50, 1.0), torch.float16),
+    (200003, FilterSettings(1.0, 0, 0.95), torch.float32),  # parts longer than a block's shared-memory copy
+]
+
+
+@functools.lru_cache(maxsize=None)
+def split_case(index: int):
+    """SPLIT_CASES[index]'s inputs and reference outcome, computed once for every device."""
+    vocab, settings, dtype = SPLIT_CASES[index]
+    case = make_case(16, vocab, 4, seed=vocab + 7, dtype=dtype)
+    return case, reference_outcome(*case, settings)
+
+
+@pytest.mark.parametrize("vocab,settings,dtype", SPLIT_CASES,
+                         ids=[f"V{v}-T{s.temperature}-k{s.top_k}-p{s.top_p}" for v, s, _ in SPLIT_CASES])
+def test_real_vocabularies_match_the_reference(device, vocab, settings, dtype):
+    """Real vocabularies, whose rows the staged kernel splits over a cluster of blocks: the
+    thresholds and masses combine the blocks' parts, the draws land in every part."""
+    (logits, uniforms, query), outcome = split_case(SPLIT_CASES.index((vocab, settings, dtype)))
+    result = check_against_reference(logits, uniforms, query, settings, device, outcome)
+    if settings.temperature == 0.0:
+        assert torch.equal(result.tokens.cpu(), logits.float().argmax(-1))
+
+
+def test_greedy_ties_across_the_split_take_the_lowest_id(device):
+    logits = torch.randn(3, 151936, generator=torch.Generator().manual_seed(13))
+    logits[:, [140000, 30001, 90000, 30002]] = 10.0  # tied maxima in different parts of the row
+    out = ops.sample_tokens(logits.to(device), torch.zeros(3, dtype=torch.float64).to(device), temperature=0.0)
+    assert out.tokens.tolist() == [30001] * 3
+
+
+@pytest.mark.parametrize("settings", [FilterSettings(1.0, 100, 1.0), FilterSettings(0.5, 3000, 0.9),
+                                      FilterSettings(1.0, 0, 0.5)], ids=["k100", "k3000-p0.9", "p0.5"])
+def test_ties_at_the_thresholds_across_the_split_are_all_kept(device, settings):
+    """Logits with few distinct values, so that the k-th largest and the top-p boundary are
+    shared by thousands of tokens spread over every part of the row: all of them are kept."""
+    g = torch.Generator().manual_seed(17)
+    logits = torch.randint(0, 12, (8, 49152), generator=g).float() * 0.5
+    uniforms = torch.rand(8, generator=g, dtype=torch.float64)
+    query = torch.randint(0, 49152, (8, 6), generator=g)
+    check_against_reference(logits, uniforms, query, settings, device)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("variant", ["verified", "staged"])
+def test_cuda_graph_replay_matches_eager_calls(variant):
+    """validate=False never waits for the host: the op is captured in a CUDA graph, and replays
+    on new inputs copied into the captured tensors give the eager results."""
+    settings = FilterSettings(0.8, 20, 0.95)
+    cases = [dict(zip(("logits", "uniforms", "query_tokens"),
+                      (t.cuda() for t in make_case(61, 49152, 4, seed=seed, dtype=torch.bfloat16))))
+             for seed in (41, 42)]
+    with ops.using_cuda_kernels(variant):
+        static = {k: v.clone() for k, v in cases[0].items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs asks
+            ops.sample_tokens(**static, **settings.kwargs(), validate=False)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = ops.sample_tokens(**static, **settings.kwargs(), validate=False)
+        for case in (cases[1], cases[0]):
+            for key, value in case.items():
+                static[key].copy_(value)
+            graph.replay()
+            eager = ops.sample_tokens(**case, **settings.kwargs(), validate=False)
+            assert torch.equal(captured.tokens, eager.tokens)
+            assert torch.equal(captured.query_probs, eager.query_probs)
 
 
 def _bad(name, **changes):

@@ -3,6 +3,9 @@
 // target distribution and the drafted token's acceptance probability; the block of a row
 // that finishes last makes the row's accept/reject decisions and draws the correction
 // (or bonus) token by inverse CDF.
+// With the staged kernels switched on (dblast/kernel_variant.h) or this op's staged kernel
+// promoted (staged/promoted.h), the checked arguments go to staged/branch_verify.cu instead (a
+// thread-block cluster per row splits the vocabulary).
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -12,6 +15,8 @@
 #include "dblast/filtering.h"
 #include "dblast/verify_checks.h"
 #include "inverse_cdf.cuh"
+#include "staged/promoted.h"
+#include "staged/staged_ops.h"
 #include "target_filter.cuh"
 
 namespace dblast::cuda {
@@ -95,6 +100,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> branch_verify_cuda(
   check_branch_verify_args(target_logits, branch_tokens, branch_prior, branch, uniforms, temperature, top_k,
                            top_p);
   if (validate) check_branch_verify_values(target_logits, branch_tokens, branch_prior, branch, uniforms);
+  if (staged::use_staged(staged::Op::kBranchVerify)) {
+    return staged::branch_verify(target_logits, branch_tokens, branch_prior, branch, uniforms, temperature, top_k,
+                                 top_p);
+  }
   const c10::cuda::CUDAGuard guard(target_logits.device());
   const at::Tensor logits = target_logits.contiguous(), tokens = branch_tokens.contiguous();
   const at::Tensor prior = branch_prior.contiguous(), selected = branch.contiguous(), u = uniforms.contiguous();

@@ -3,6 +3,9 @@
 // distribution and every branch's draft softmax statistics; the block of a row that
 // finishes last runs the category posterior along the draft prefix, decides, and draws the
 // correction (or bonus) token by inverse CDF over the dense residual.
+// With the staged kernels switched on (dblast/kernel_variant.h) or this op's staged kernel
+// promoted (staged/promoted.h), the checked arguments go to staged/mixture_verify.cu instead (a
+// thread-block cluster per row splits the vocabulary).
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -13,6 +16,8 @@
 #include "dblast/mixture.h"
 #include "dblast/verify_checks.h"
 #include "inverse_cdf.cuh"
+#include "staged/promoted.h"
+#include "staged/staged_ops.h"
 #include "target_filter.cuh"
 
 namespace dblast::cuda {
@@ -116,6 +121,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mixture_verify_cuda(
   check_mixture_verify_args(target_logits, draft_logits, branch_prior, draft_tokens, uniforms, temperature, top_k,
                             top_p, draft_temperature);
   if (validate) check_mixture_verify_values(target_logits, draft_logits, branch_prior, draft_tokens, uniforms);
+  if (staged::use_staged(staged::Op::kMixtureVerify)) {
+    return staged::mixture_verify(target_logits, draft_logits, branch_prior, draft_tokens, uniforms, temperature,
+                                  top_k, top_p, draft_temperature);
+  }
   const c10::cuda::CUDAGuard guard(target_logits.device());
   const at::Tensor logits = target_logits.contiguous(), dlogits = draft_logits.contiguous();
   const at::Tensor prior = branch_prior.contiguous(), tokens = draft_tokens.contiguous(), u = uniforms.contiguous();

@@ -3,6 +3,9 @@
 // construction, target_filter.cuh), draws the row's token by inverse CDF on its uniform (the
 // argmax at T = 0) and writes the filtered probability of each of the row's query tokens
 // (-1: none, probability 0). Trie verification draws every node of a trie in one launch.
+// With the staged kernels switched on (dblast/kernel_variant.h) or this op's staged kernel
+// promoted (staged/promoted.h), the checked arguments go to staged/sample_tokens.cu instead (a
+// thread-block cluster per row splits the vocabulary).
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -11,6 +14,8 @@
 #include "dblast/filtering.h"
 #include "dblast/verify_checks.h"
 #include "inverse_cdf.cuh"
+#include "staged/promoted.h"
+#include "staged/staged_ops.h"
 #include "target_filter.cuh"
 
 namespace dblast::cuda {
@@ -43,6 +48,9 @@ std::tuple<at::Tensor, at::Tensor> sample_tokens_cuda(const at::Tensor& logits, 
                                                       const at::Tensor& query_tokens, bool validate) {
   check_sample_tokens_args(logits, uniforms, temperature, top_k, top_p, query_tokens);
   if (validate) check_sample_tokens_values(logits, uniforms, query_tokens);
+  if (staged::use_staged(staged::Op::kSampleTokens)) {
+    return staged::sample_tokens(logits, uniforms, temperature, top_k, top_p, query_tokens);
+  }
   const c10::cuda::CUDAGuard guard(logits.device());
   const at::Tensor rows = logits.contiguous(), u = uniforms.contiguous(), query = query_tokens.contiguous();
   auto tokens = at::empty({rows.size(0)}, rows.options().dtype(at::kLong));
