@@ -11,7 +11,15 @@
     (torch.cuda.set_sync_debug_mode), with the source lines that cause them;
   - tokens per second at batch 1, 8, 32: speculative (generate_batch) against the target alone
     batched the same way with the same target cache (generate_autoregressive_batch), for
-    either cache.
+    either cache;
+  - with CUDA, the cycle replayed from CUDA graphs (cuda_graphs=True, dblast_ext.cuda_graphs):
+    batch-1 cycle times of K = 1 and K = 4 with graphs beside the eager ones (the first round,
+    untimed, captures), whether their tokens equal the eager static cache's, the mean time of
+    each captured part inside the cycle (drafter pass, target forward, verifier; CUDA events
+    between the graphs), host syncs per cycle, and tokens per second at each batch size with
+    graphs against the target alone through the same loop, cache and graphs (a decoder whose
+    every cycle is a plain target step, FixedDepth(0)); each graph run follows an untimed run
+    of the same shapes, which captures. Without CUDA these rows are n/a.
 Random weights accept almost nothing, so the batch figures compare cycle costs (about one
 token per cycle), not speed-ups of a trained pair.
 
@@ -37,6 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python_tests"))
 
+from dblast_ext.adaptive import FixedDepth  # noqa: E402
 from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
 from dblast_ext.generation import draw_uniforms  # noqa: E402
 
@@ -47,10 +56,10 @@ def parse_args():
     p.add_argument("--tiny", action="store_true", help="a tiny random pair instead of the Qwen3-8B shape")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--new-tokens", type=int, default=64, help="per batch-1 run")
+    p.add_argument("--new-tokens", type=int, default=48, help="per batch-1 run")
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--batch-new-tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=5, help="interleaved batch-1 runs per K")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved batch-1 runs per K")
     p.add_argument("--part-repeats", type=int, default=30, help="interleaved timings of each K-dependent step")
     return p.parse_args()
 
@@ -106,10 +115,12 @@ def cycle_times(decoders, prompt, sampling, new_tokens, repeats, device):
     and the cycle's split as the loop records it (draft: propose + branch choice; verify: target
     forward, verification, the host read; host clocks, so on a GPU the read absorbs the wait)."""
     runs = {name: [] for name in decoders}
+    tokens = {}
     for rep in range(repeats + 1):
         for name, dec in decoders.items():
             out, seconds = wall(lambda: dec.generate_batch([prompt], sampling, new_tokens, seeds=[0])[0], device)
-            if rep:  # the first round warms up
+            tokens[name] = out.token_ids
+            if rep:  # the first round warms up (and captures, with graphs)
                 runs[name].append((1e3 * seconds / len(out.cycles), out.cycles))
     result = {}
     for name, measured in runs.items():
@@ -118,7 +129,7 @@ def cycle_times(decoders, prompt, sampling, new_tokens, repeats, device):
         verify = [1e3 * statistics.mean(c.verify_time for c in cycles) for _, cycles in measured]
         result[name] = dict(cycle_ms=statistics.median(per_cycle), cycles=len(measured[-1][1]),
                             runs_ms=[round(m, 3) for m in per_cycle], draft_ms=statistics.median(draft),
-                            verify_ms=statistics.median(verify))
+                            verify_ms=statistics.median(verify), tokens=tokens[name])
     return result
 
 
@@ -196,48 +207,35 @@ def short_path(filename: str) -> str:
     return filename.split(marker, 1)[1] if marker in filename else os.path.basename(filename)
 
 
-def graph_probe(device, repeats=50):
-    """Whether branch_verify (validate=False: no host reads) can be captured in a CUDA graph and
-    replayed with the eager call's outputs, and the time of each (the launch overhead a graph
-    removes). Issue 25's graph path would capture the whole verify step the same way."""
-    from dblast_ext import ops
-    from verify_cases import FilterSettings, make_branch_case, to_device
-    settings = FilterSettings(1.0, 20, 0.95)
-    case = to_device(make_branch_case(1, 4, 15, 151936, settings, torch.Generator().manual_seed(1), torch.bfloat16),
-                     device)
-    call = lambda: ops.branch_verify(**case, **settings.kwargs(), validate=False)  # noqa: E731
-    eager = call()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()  # warm-up on the capture stream, as torch.cuda.graphs asks
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = call()
-    graph.replay()
-    torch.cuda.synchronize()
-    same = all(torch.equal(a, b) for a, b in zip(eager, captured))
-
-    def per_call(fn):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeats):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / repeats
-
-    return dict(outputs_equal=same, eager_ms=per_call(call), replay_ms=per_call(graph.replay))
+def graph_parts_ms(dec, prompt, sampling, new_tokens, device):
+    """The mean time of each captured part inside a replayed cycle (CUDA events between the
+    graphs: draft = drafter pass + branch choice, score = target forward, verify = branch_verify),
+    over one generation whose shapes are already captured; and why a part ran eagerly, if one did."""
+    graphs = dec._cycle_graphs
+    graphs.time_parts, graphs._events = True, []
+    try:
+        wall(lambda: dec.generate_batch([prompt], sampling, new_tokens, seeds=[0]), device)
+        parts = graphs.part_times()
+    finally:
+        graphs.time_parts, graphs._events = False, []
+    return dict(parts_ms=parts, eager_parts=dict(graphs.eager_parts), captured=graphs.stats["captured"],
+                replayed=graphs.stats["replayed"])
 
 
-def batch_speeds(dec, prompts, sampling, new_tokens, device, static):
+def batch_speeds(dec, prompts, sampling, new_tokens, device, static, graphs=None):
     """Tokens per second of `dec` (compacting cache), `static` (the same pair, fixed-shape cache)
-    and the target alone with each cache; each ratio against the target alone with its cache."""
+    and the target alone with each cache; each ratio against the target alone with its cache.
+    `graphs`: (speculative, target alone) decoders replaying from CUDA graphs, each run once
+    untimed first (capturing these shapes)."""
     rows = {}
-    for name, run in (("speculative", dec.generate_batch), ("speculative, static cache", static.generate_batch),
-                      ("target alone", dec.generate_autoregressive_batch),
-                      ("target alone, static cache", static.generate_autoregressive_batch)):
+    runs = [("speculative", dec.generate_batch), ("speculative, static cache", static.generate_batch),
+            ("target alone", dec.generate_autoregressive_batch),
+            ("target alone, static cache", static.generate_autoregressive_batch)]
+    if graphs is not None:
+        runs += [("speculative, graphs", graphs[0].generate_batch), ("target alone, graphs", graphs[1].generate_batch)]
+    for name, run in runs:
+        if name.endswith("graphs"):
+            run(prompts, sampling, new_tokens, seeds=list(range(len(prompts))))
         outs, seconds = wall(lambda: run(prompts, sampling, new_tokens, seeds=list(range(len(prompts)))), device)
         tokens = sum(len(o.token_ids) for o in outs)
         rows[name] = dict(tokens=tokens, seconds=round(seconds, 4), tokens_per_s=tokens / seconds)
@@ -246,6 +244,9 @@ def batch_speeds(dec, prompts, sampling, new_tokens, device, static):
     rows["ratio"] = rows["speculative"]["tokens_per_s"] / rows["target alone"]["tokens_per_s"]
     rows["static_ratio"] = (rows["speculative, static cache"]["tokens_per_s"]
                             / rows["target alone, static cache"]["tokens_per_s"])
+    if graphs is not None:
+        rows["graphs_ratio"] = (rows["speculative, graphs"]["tokens_per_s"]
+                                / rows["target alone, graphs"]["tokens_per_s"])
     return rows
 
 
@@ -262,6 +263,11 @@ def main():
     decoders = {"K=1": SpeculativeDecoder(target, drafter, controller="off"),
                 "K=4": SpeculativeDecoder(target, four, controller="off"),
                 "K=4 static": SpeculativeDecoder(target, four, target_cache="static", controller="off")}
+    graphed = None
+    if device == "cuda":  # the cycle replayed from CUDA graphs, and the target alone through the same loop
+        graphed = {name: SpeculativeDecoder(target, d, target_cache="static", controller="off", cuda_graphs=True)
+                   for name, d in (("K=1 graphs", drafter), ("K=4 graphs", four))}
+        alone = SpeculativeDecoder(target, four, target_cache="static", controller=FixedDepth(0), cuda_graphs=True)
     sampling = SamplingParams(1.0)
     prompt = random_prompts(1, args.prompt_len, min(vocab, 151000), seed=0)[0]
     result = dict(date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), torch=torch.__version__,
@@ -272,13 +278,25 @@ def main():
 
     result["target_forward_ms"] = target_block_forward_ms(decoders["K=1"].target, prompt, block, device)
     print(f"target forward over {block + 1} tokens: {result['target_forward_ms']:.2f} ms", flush=True)
-    result["cycles"] = cycle_times(decoders, prompt, sampling, args.new_tokens, args.repeats, device)
+    result["cycles"] = cycle_times({**decoders, **(graphed or {})}, prompt, sampling, args.new_tokens, args.repeats,
+                                   device)
     for name, row in result["cycles"].items():
         print(f"cycle {name}: {row['cycle_ms']:.2f} ms over {row['cycles']} cycles {row['runs_ms']} (draft "
               f"{row['draft_ms']:.2f} ms, verify {row['verify_ms']:.2f} ms)", flush=True)
     k1, k4 = (result["cycles"][k]["cycle_ms"] for k in ("K=1", "K=4"))
     result["k4_overhead"] = k4 / k1 - 1
     result["cycle_over_target_forward"] = k1 / result["target_forward_ms"]
+    if graphed is None:
+        result["graphs"] = "n/a (no CUDA)"
+    else:
+        g1, g4 = (result["cycles"][k]["cycle_ms"] for k in ("K=1 graphs", "K=4 graphs"))
+        result["graphs"] = dict(k4_overhead=g4 / g1 - 1, k1_over_target_forward=g1 / result["target_forward_ms"],
+                                k4_speedup_over_eager_static=result["cycles"]["K=4 static"]["cycle_ms"] / g4,
+                                k1_speedup_over_eager=k1 / g1,
+                                tokens_equal_eager_static=(result["cycles"]["K=4 graphs"]["tokens"]
+                                                           == result["cycles"]["K=4 static"]["tokens"]),
+                                **graph_parts_ms(graphed["K=4 graphs"], prompt, sampling, args.new_tokens, device))
+        print(f"graphs: {result['graphs']}", flush=True)
     parts = cycle_parts_ms({k: decoders[k] for k in ("K=1", "K=4")}, prompt, sampling, device, args.part_repeats)
     result["cycle_parts"] = parts
     result["k4_parts_overhead"] = (parts["K=4"]["total_ms"] - parts["K=1"]["total_ms"]) / k1
@@ -294,7 +312,11 @@ def main():
                                                                         seeds=[0])[0])
         alone, alone_where = count_syncs(lambda: decoders["K=4"].generate_autoregressive_batch(
             [prompt], sampling, args.new_tokens, seeds=[0])[0])
+        replayed, graph_where = count_syncs(lambda: graphed["K=4 graphs"].generate_batch(
+            [prompt], sampling, args.new_tokens, seeds=[0])[0])
         result["syncs"] = dict(cycles=len(out.cycles), total=sum(where.values()),
+                               graphs_per_cycle=sum(graph_where.values()) / len(replayed.cycles),
+                               graphs_where=dict(graph_where.most_common(12)),
                                per_cycle=sum(where.values()) / len(out.cycles), where=dict(where.most_common(12)),
                                target_alone_per_token=sum(alone_where.values()) / len(alone.token_ids),
                                target_alone_where=dict(alone_where.most_common(6)),
@@ -303,24 +325,21 @@ def main():
         print(f"host syncs: {result['syncs']['per_cycle']:.2f} per cycle ({dict(where.most_common(6))}); "
               f"target alone {result['syncs']['target_alone_per_token']:.2f} per token", flush=True)
 
-        try:
-            result["graph"] = graph_probe(device)
-        except Exception as error:  # a failed capture is a finding, not the end of the run
-            result["graph"] = dict(error=f"{type(error).__name__}: {str(error)[:300]}")
-        print(f"branch_verify in a CUDA graph: {result['graph']}", flush=True)
-
     result["batches"] = {}
     for size in (int(b) for b in args.batches.split(",")):
         prompts = random_prompts(size, args.prompt_len, min(vocab, 151000), seed=size)
         if not result["batches"]:
             batch_speeds(decoders["K=4"], prompts, sampling, 4, device, decoders["K=4 static"])  # warm-up
         rows = batch_speeds(decoders["K=4"], prompts, sampling, args.batch_new_tokens, device,
-                            static=decoders["K=4 static"])
+                            static=decoders["K=4 static"], graphs=graphed and (graphed["K=4 graphs"], alone))
         result["batches"][size] = rows
         print(f"batch {size}: speculative {rows['speculative']['tokens_per_s']:.1f} tok/s, target alone "
               f"{rows['target alone']['tokens_per_s']:.1f} tok/s ({rows['ratio']:.2f}x); static cache "
               f"{rows['speculative, static cache']['tokens_per_s']:.1f} against "
-              f"{rows['target alone, static cache']['tokens_per_s']:.1f} ({rows['static_ratio']:.2f}x)", flush=True)
+              f"{rows['target alone, static cache']['tokens_per_s']:.1f} ({rows['static_ratio']:.2f}x)"
+              + (f"; graphs {rows['speculative, graphs']['tokens_per_s']:.1f} against "
+                 f"{rows['target alone, graphs']['tokens_per_s']:.1f} ({rows['graphs_ratio']:.2f}x)"
+                 if "graphs_ratio" in rows else ""), flush=True)
 
     with open(os.path.join(args.out, "gpu_cycle.json"), "w") as f:
         json.dump(result, f, indent=1)
@@ -336,6 +355,8 @@ def markdown(r) -> str:
              f"| target forward over {r['block'] + 1} tokens (ms) | {r['target_forward_ms']:.2f} |"]
     for name, row in r["cycles"].items():
         lines.append(f"| cycle at batch 1, {name} (ms, median of {len(row['runs_ms'])} runs) | {row['cycle_ms']:.2f} |")
+        if name.endswith("graphs"):
+            continue  # the loop's host clocks see a replayed cycle's launch and wait, not its parts
         lines.append(f"| of which draft / verify, {name} (ms) | {row['draft_ms']:.2f} / {row['verify_ms']:.2f} |")
     for name, row in r["cycle_parts"].items():
         lines.append(f"| K-dependent steps, {name}: propose / choose / verify (ms) | {row['propose_ms']:.3f} / "
@@ -348,27 +369,43 @@ def markdown(r) -> str:
         lines += [f"| host syncs per cycle (K = 4) | {s['per_cycle']:.2f} |",
                   f"| host syncs per cycle (K = 4, static cache) | {s['static_per_cycle']:.2f} |",
                   f"| host syncs per token, target alone | {s['target_alone_per_token']:.2f} |"]
-    if "graph" in r:
-        g = r["graph"]
-        if "error" in g:
-            lines.append(f"| branch_verify in a CUDA graph | failed: {g['error']} |")
-        else:
-            differ = "" if g["outputs_equal"] else " (OUTPUTS DIFFER)"
-            lines.append(f"| branch_verify N=1 eager / CUDA-graph replay (ms) | "
-                         f"{g['eager_ms']:.3f} / {g['replay_ms']:.3f}{differ} |")
-    lines += ["", "tok/s, dynamic cache / static cache:", "",
+    g = r["graphs"]
+    if isinstance(g, str):
+        lines.append(f"| CUDA graphs | {g} |")
+    else:
+        parts = g["parts_ms"]
+        lines += [f"| K = 4 cycle, eager static cache / graphs | {g['k4_speedup_over_eager_static']:.2f}x |",
+                  f"| K = 1 cycle, eager / graphs | {g['k1_speedup_over_eager']:.2f}x |",
+                  f"| K = 4 overhead over K = 1, graphs | {100 * g['k4_overhead']:+.1f}% |",
+                  f"| K = 1 cycle with graphs / target forward | {g['k1_over_target_forward']:.2f}x |",
+                  "| K = 4 graphs: draft / target forward / verify inside the cycle (ms) | "
+                  + " / ".join(f"{parts[k]:.3f}" if k in parts else "n/a" for k in ("draft", "score", "verify")) + " |",
+                  f"| K = 4 graphs' tokens equal the eager static cache's | {g['tokens_equal_eager_static']} |",
+                  f"| parts left eager | {g['eager_parts'] or 'none'} |"]
+    if "syncs" in r:
+        lines.append(f"| host syncs per cycle (K = 4, graphs) | {r['syncs']['graphs_per_cycle']:.2f} |")
+    graphs = any("graphs_ratio" in row for row in r["batches"].values())
+    lines += ["", "tok/s, dynamic cache / static cache" + (" / CUDA graphs" if graphs else "") + ":", "",
               "| batch | speculative | target alone | ratio | cycles |", "| ---: | ---: | ---: | ---: | ---: |"]
     for size, row in r["batches"].items():
+        with_graphs = graphs and "graphs_ratio" in row
         lines.append(f"| {size} | {row['speculative']['tokens_per_s']:.1f} / "
-                     f"{row['speculative, static cache']['tokens_per_s']:.1f} | {row['target alone']['tokens_per_s']:.1f}"
-                     f" / {row['target alone, static cache']['tokens_per_s']:.1f} | {row['ratio']:.2f}x / "
-                     f"{row['static_ratio']:.2f}x | {row['speculative']['cycles']} / "
-                     f"{row['speculative, static cache']['cycles']} |")
+                     f"{row['speculative, static cache']['tokens_per_s']:.1f}"
+                     + (f" / {row['speculative, graphs']['tokens_per_s']:.1f}" if with_graphs else "")
+                     + f" | {row['target alone']['tokens_per_s']:.1f}"
+                     f" / {row['target alone, static cache']['tokens_per_s']:.1f}"
+                     + (f" / {row['target alone, graphs']['tokens_per_s']:.1f}" if with_graphs else "")
+                     + f" | {row['ratio']:.2f}x / {row['static_ratio']:.2f}x"
+                     + (f" / {row['graphs_ratio']:.2f}x" if with_graphs else "")
+                     + f" | {row['speculative']['cycles']} / {row['speculative, static cache']['cycles']}"
+                     + (f" / {row['speculative, graphs']['cycles']}" if with_graphs else "") + " |")
     if "syncs" in r:
         lines += ["", "Host syncs by source line (K = 4 speculative run):", ""]
         lines += [f"- `{where}`: {count}" for where, count in r["syncs"]["where"].items()]
         lines += ["", "Host syncs by source line (K = 4, static cache):", ""]
         lines += [f"- `{where}`: {count}" for where, count in r["syncs"]["static_where"].items()]
+        lines += ["", "Host syncs by source line (K = 4, CUDA graphs):", ""]
+        lines += [f"- `{where}`: {count}" for where, count in r["syncs"]["graphs_where"].items()]
     return "\n".join(lines) + "\n"
 
 

@@ -13,6 +13,8 @@ at once (`generate_batch`; `generate` is a batch of one):
    drafts in the target cache (dblast_ext.ragged_cache); the accepted tokens' features are the
    next cycle's new context (the proposer only ever caches committed context).
 Records (branch, prior, expected accepted length) stay on the device until the batch ends.
+With `cuda_graphs` (staged, off by default), steps 1-4 replay from CUDA graphs after the first
+cycle (dblast_ext.cuda_graphs).
 With verify="tree" (one prompt at a time), steps 2-4 become: merge the K branches into a trie
 (plus extra leaves: the drafter's likeliest undrafted tokens), one target forward over
 [anchor, trie nodes] under a tree mask, one `sample_tokens` draw per node, the walk; step 5
@@ -75,7 +77,7 @@ class SpeculativeDecoder:
                  use_kernels: bool = True, draft_vocab: DraftVocab = None, proposer: Optional[Proposer] = None,
                  verify: str = "branch", max_tree_nodes: Optional[int] = None,
                  extra_leaves: Optional[int] = None, target_cache: str = "dynamic", controller="adaptive",
-                 cost_table=None):
+                 cost_table=None, cuda_graphs: Optional[bool] = None):
         """`target`: a Hugging Face causal LM. Either `drafter` (a DBlastDrafter, drafting over
         `draft_vocab`, see dblast_ext.draft_vocabulary, at category temperature Z_T) or
         `proposer` (anything implementing dblast_ext.proposer.Proposer; its own settings then
@@ -102,6 +104,11 @@ class SpeculativeDecoder:
         dtype and these settings at first use (a few seconds per batch size) and cached on disk.
         Neither changes the output distribution; with the same cost table and seeds, the output
         is the same token for token.
+        `cuda_graphs`: replay the cycle's device work from CUDA graphs (dblast_ext.cuda_graphs:
+        drafter pass, verify forward and verifier, captured per batch bucket and shape on first
+        use). Staged: off by default until a GPU run promotes it. True needs the target on CUDA,
+        target_cache="static" and a drafter (a ValueError naming the argument otherwise); None
+        reads DBLAST_CUDA_GRAPHS ("1": on wherever they apply). Same outputs as without.
         Speed without changing the output: the models' dtype, the drafter's inference block
         (`drafter.config.block_size`), `draft_vocab`, `verify` and `max_tree_nodes` change only
         how fast this runs. On a CPU the fastest measured for the embedded drafters (float32
@@ -137,9 +144,45 @@ class SpeculativeDecoder:
         if (self.extra_leaves or self.max_tree_nodes) and isinstance(proposer, DrafterProposer):
             # one of a branch's m may be its own draft; a node budget needs the drafts' probabilities
             proposer.top_tokens = self.extra_leaves + 1
+        self._cuda_graphs, self._cycle_graphs = False, None
         self.target_cache = target_cache
         self.controller = controller
         self.cost_table = cost_table
+        self.cuda_graphs = cuda_graphs
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether cycles replay from CUDA graphs (see __init__); checked whenever it is set."""
+        return self._cuda_graphs is True or (self._cuda_graphs is None and self._cycle_graphs is not None)
+
+    @cuda_graphs.setter
+    def cuda_graphs(self, value: Optional[bool]) -> None:
+        from .cuda_graphs import CycleGraphs, check_switch
+
+        on = check_switch(value, self.target.device, self.target_cache, self.proposer)
+        self._cuda_graphs = value
+        if not on:
+            self._cycle_graphs = None
+        elif self._cycle_graphs is None:
+            self._cycle_graphs = CycleGraphs()
+
+    def reset_cuda_graphs(self) -> None:
+        """Frees the captured cycles and their buffers (after moving or replacing weights)."""
+        if self._cycle_graphs is not None:
+            self._cycle_graphs.reset()
+
+    def _graphs_for_generation(self):
+        """The CycleGraphs this generation replays from (None: eager), the switch checked again
+        against where the target is now."""
+        if self._cuda_graphs is False:
+            return None
+        from .cuda_graphs import CycleGraphs, check_switch
+
+        if not check_switch(self._cuda_graphs, self.target.device, self.target_cache, self.proposer):
+            return None
+        if self._cycle_graphs is None:  # DBLAST_CUDA_GRAPHS set after the decoder was made
+            self._cycle_graphs = CycleGraphs()
+        return self._cycle_graphs
 
     @property
     def controller(self):
@@ -178,6 +221,8 @@ class SpeculativeDecoder:
     @target_cache.setter
     def target_cache(self, value: str) -> None:
         check_target_cache(value)
+        if value != "static" and getattr(self, "_cuda_graphs", False) is True:
+            raise ValueError(f"cuda_graphs=True needs target_cache='static' (fixed shapes); got target_cache={value!r}")
         if value == "static":
             if self.verify != "branch":
                 raise ValueError("target_cache='static' verifies one branch per cycle (verify='branch'); the "
@@ -260,6 +305,7 @@ class SpeculativeDecoder:
         device = self.target.device
         generators = row_generators(seeds, len(rows), device)
         block = self.proposer.block_size
+        graphs = self._graphs_for_generation()  # None: every step eager
 
         layout = RaggedRows.left_padded([len(p) for p in rows])
         ids, mask, positions = layout.prefill_inputs(rows, device)
@@ -301,21 +347,32 @@ class SpeculativeDecoder:
             uniforms = draw_uniforms(generators, block + 1, device)
             if depth == 0:
                 t1 = t0
-                result, features = self._plain_step(anchors, uniforms, layout, target_cache, sampling)
+                replayed = graphs and graphs.plain_step(self, anchors, proposer_cache, uniforms, layout, target_cache,
+                                                        sampling)
+                result, features = replayed or self._plain_step(anchors, uniforms, layout, target_cache, sampling)
                 branch = torch.full_like(anchors, -1)
                 prior = torch.full((len(active), self.proposer.num_branches), math.nan, device=device)
             else:
                 if waiting:  # one copy per drafter pass, however many plain steps came before it
                     context = append_context(context, context_lens, torch.cat(waiting, dim=1))
                     context_lens, waiting = context_lens + len(waiting), []
-                proposal, branch, draft = self._draft(anchors, context, context_lens, proposer_cache, uniforms)  # 1-2.
-                if depth < block - 1:
-                    proposal, draft = Proposal(proposal.branch_tokens[:, :, :depth], proposal.prior), draft[:, :depth]
-                prior = proposal.prior
-                t1 = time.perf_counter()
-                result, features = self._score_and_verify(anchors, draft, proposal, branch,             # 3-4.
-                                                          uniforms[:, : depth + 2], layout, target_cache, sampling,
-                                                          validate=not history)
+                # steps 1-4 replayed from CUDA graphs (dblast_ext.cuda_graphs) after the first cycle, which validates
+                replayed = graphs and history and graphs.cycle(self, anchors, context, context_lens, proposer_cache,
+                                                               uniforms, layout, target_cache, sampling, depth)
+                if replayed:  # host times: t1 - t0 is the launch, the wait falls to the host read
+                    result, features, branch, prior = replayed
+                    t1 = time.perf_counter()
+                else:
+                    proposal, branch, draft = self._draft(anchors, context, context_lens, proposer_cache,  # 1-2.
+                                                          uniforms)
+                    if depth < block - 1:
+                        proposal = Proposal(proposal.branch_tokens[:, :, :depth], proposal.prior)
+                        draft = draft[:, :depth]
+                    prior = proposal.prior
+                    t1 = time.perf_counter()
+                    result, features = self._score_and_verify(anchors, draft, proposal, branch,         # 3-4.
+                                                              uniforms[:, : depth + 2], layout, target_cache, sampling,
+                                                              validate=not history)
             accepted = result.num_accepted.long()
             # 5. the cycle's one host read: how many drafts each row accepted, the tokens, the acceptance
             read = torch.cat([accepted[:, None].double(), result.output_tokens.double(),
@@ -392,7 +449,7 @@ class SpeculativeDecoder:
 
     # The cycle's device-side steps, between the uniforms' draw and the host read. With the static
     # target cache and validate=False they trace as one graph (torch.compile fullgraph: no graph
-    # break, no host sync; tested), which is what capturing the cycle in a CUDA graph needs.
+    # break, no host sync; tested); dblast_ext.cuda_graphs captures _draft, _score and _verify.
     def _draft(self, anchors, context, context_lens, proposer_cache, uniforms):
         """1. propose a block after each row's anchor, 2. choose a branch (`_choose`):
         (proposal, branch [N], draft [N, b - 1])."""
@@ -411,10 +468,15 @@ class SpeculativeDecoder:
         """3. one target forward on [anchor, draft] per row, appended to the target cache as
         `layout` says, 4. branch_verify with uniforms[:, 1:]: (verification result, the block's
         features)."""
-        mask, positions = layout.block_inputs(draft.shape[1] + 1, anchors.device)
-        logits, features = self.target.forward(torch.cat([anchors[:, None], draft], dim=1), target_cache,
-                                               attention_mask=mask, position_ids=positions)
+        logits, features = self._score(anchors, draft, layout, target_cache)
         return self._verify(logits, proposal, branch, uniforms[:, 1:], sampling, validate=validate), features
+
+    def _score(self, anchors, draft, layout, target_cache):
+        """3. one target forward on [anchor, draft] per row, appended to the target cache as
+        `layout` says: (logits [N, b + 1, V], features)."""
+        mask, positions = layout.block_inputs(draft.shape[1] + 1, anchors.device)
+        return self.target.forward(torch.cat([anchors[:, None], draft], dim=1), target_cache, attention_mask=mask,
+                                   position_ids=positions)
 
     def _drop_finished(self, active, going, layout, target_cache, proposer_cache, anchors, context, context_lens,
                        generators, waiting):

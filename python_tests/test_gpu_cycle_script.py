@@ -32,5 +32,10 @@ def test_dry_run_writes_the_figures(tmp_path):
     for size, row in figures["batches"].items():
         runs = ("speculative", "speculative, static cache", "target alone", "target alone, static cache")
         assert [row[run]["tokens"] for run in runs] == [4 * int(size)] * len(runs)
+    assert all(len(row["tokens"]) == 6 for row in figures["cycles"].values())
+    # the CUDA-graph rows need CUDA: marked n/a on a CPU, absent from the batches
+    assert figures["graphs"] == "n/a (no CUDA)"
+    assert not any("graphs_ratio" in row for row in figures["batches"].values())
     table = (out / "gpu_cycle.md").read_text()
     assert "| K = 4 overhead over K = 1 |" in table and "| 3 |" in table
+    assert "| CUDA graphs | n/a (no CUDA) |" in table
