@@ -36,7 +36,8 @@ from .drafter_io import check_against_target
 from .draft_vocabulary import DraftVocab
 from .generation import (TARGET_CACHES, CycleRecord, GenerationOutput, append_context, check_target_cache, draw_uniforms,
                          keep_until_stop, prompt_lists, prompt_tensor, row_generators, stop_id_set)
-from .proposer import DrafterProposer, Proposal, Proposer, check_proposal, check_proposer
+from .proposer import (DrafterProposer, Proposal, Proposer, SparseProposal, check_proposal, check_proposer,
+                       first_drafts, samples_its_chain)
 from .ragged_cache import RaggedRows
 from .results import VerifyResult
 from .sampling import SamplingParams, sample_from_logits
@@ -306,6 +307,7 @@ class SpeculativeDecoder:
         generators = row_generators(seeds, len(rows), device)
         block = self.proposer.block_size
         graphs = self._graphs_for_generation()  # None: every step eager
+        selector_draws = self._start_selector(sampling)
 
         layout = RaggedRows.left_padded([len(p) for p in rows])
         ids, mask, positions = layout.prefill_inputs(rows, device)
@@ -344,7 +346,7 @@ class SpeculativeDecoder:
             t0 = time.perf_counter()
             depth = check_depth(controller.depth(sum(unseen), sum(max_new_tokens - len(outputs[row]) for row in active)),
                                 block - 1)  # drafts this cycle verifies (0: a plain step)
-            uniforms = draw_uniforms(generators, block + 1, device)
+            uniforms = draw_uniforms(generators, block + 1 + selector_draws, device)
             if depth == 0:
                 t1 = t0
                 replayed = graphs and graphs.plain_step(self, anchors, proposer_cache, uniforms, layout, target_cache,
@@ -366,8 +368,7 @@ class SpeculativeDecoder:
                     proposal, branch, draft = self._draft(anchors, context, context_lens, proposer_cache,  # 1-2.
                                                           uniforms)
                     if depth < block - 1:
-                        proposal = Proposal(proposal.branch_tokens[:, :, :depth], proposal.prior)
-                        draft = draft[:, :depth]
+                        proposal, draft = first_drafts(proposal, depth), draft[:, :depth]
                     prior = proposal.prior
                     t1 = time.perf_counter()
                     result, features = self._score_and_verify(anchors, draft, proposal, branch,         # 3-4.
@@ -450,9 +451,23 @@ class SpeculativeDecoder:
     # The cycle's device-side steps, between the uniforms' draw and the host read. With the static
     # target cache and validate=False they trace as one graph (torch.compile fullgraph: no graph
     # break, no host sync; tested); dblast_ext.cuda_graphs captures _draft, _score and _verify.
+    def _start_selector(self, sampling: SamplingParams, tree: bool = False) -> int:
+        """A DFlash2 drafter samples its chain at T > 0 (verified by sparse_verify) when one branch
+        is verified, and walks it greedily otherwise; returns the uniforms per row a cycle adds for
+        the sampled chain (b, else 0): columns block + 1 onwards, drawn with the cycle's others
+        from the row's generator."""
+        if not samples_its_chain(self.proposer):
+            return 0
+        sampled = sampling.temperature > 0 and not tree
+        self.proposer.selector_temperature = sampling.temperature if sampled else 0.0
+        return self.proposer.block_size - 1 if sampled else 0
+
     def _draft(self, anchors, context, context_lens, proposer_cache, uniforms):
         """1. propose a block after each row's anchor, 2. choose a branch (`_choose`):
         (proposal, branch [N], draft [N, b - 1])."""
+        if samples_its_chain(self.proposer):  # the sampled chain's draws, or none for the greedy walk
+            block = self.proposer.block_size
+            self.proposer.selector_uniforms = uniforms[:, block + 1:] if uniforms.shape[1] > block + 1 else None
         proposal = self.proposer.propose(anchors, context, proposer_cache, context_lens)
         return (proposal, *self._choose(proposal, uniforms))
 
@@ -528,6 +543,7 @@ class SpeculativeDecoder:
         stops = stop_id_set(stop_token_ids, self.target.vocab_size)
         controller = controller or self._start_controller(1, tree=True)
         generator = torch.Generator().manual_seed(seed)
+        self._start_selector(sampling, tree=True)  # the trie verifies the selector's greedy chain
 
         target_cache = self.target.new_cache()
         logits, context = self.target.forward(ids, target_cache, last_logits_only=True)
@@ -633,6 +649,10 @@ class SpeculativeDecoder:
         DrafterProposer's ids come from an argmax over the vocabulary and its prior from a
         softmax."""
         validate = validate or not isinstance(self.proposer, DrafterProposer)
+        if isinstance(proposal, SparseProposal):  # a sampled chain and the candidates it was drawn from
+            verify = ops.sparse_verify if self.use_kernels else reference.sparse_verify
+            return verify(logits, proposal.branch_tokens[:, 0], proposal.proposal_tokens, proposal.proposal_probs,
+                          uniforms, validate=validate, **sampling.kwargs())
         if self.use_kernels:
             return ops.branch_verify(logits, proposal.branch_tokens, proposal.prior, branch, uniforms,
                                      validate=validate, **sampling.kwargs())
@@ -656,11 +676,12 @@ class SpeculativeDecoder:
                                             torch.Generator().manual_seed(seed), validate=True)
             return record
         anchors = ids[:, -1]
-        uniforms = draw_uniforms([torch.Generator(device=ids.device).manual_seed(seed)], self.proposer.block_size + 1,
-                                 ids.device)
+        block = self.proposer.block_size
+        uniforms = draw_uniforms([torch.Generator(device=ids.device).manual_seed(seed)],
+                                 block + 1 + self._start_selector(sampling), ids.device)
         proposal, branch, draft = self._draft(anchors, context, torch.tensor([context.shape[1]], device=ids.device),
                                               proposer_cache, uniforms)
-        result, _ = self._score_and_verify(anchors, draft, proposal, branch, uniforms,
+        result, _ = self._score_and_verify(anchors, draft, proposal, branch, uniforms[:, : block + 1],
                                            RaggedRows.left_padded([context.shape[1]]), target_cache, sampling,
                                            validate=True)
         survive = float(torch.cumprod(result.accept_probs[0].double(), 0).sum())

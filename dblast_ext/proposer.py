@@ -93,6 +93,7 @@ class DrafterProposer:
         # this temperature with `selector_generator` (the decode loop sets both to its own)
         self.selector_temperature = 0.0
         self.selector_generator: Optional[torch.Generator] = None
+        self.selector_uniforms: Optional[torch.Tensor] = None  # [N, b]: the draws of the next pass
 
     @property
     def category_temperature(self) -> float:
@@ -163,7 +164,7 @@ class DrafterProposer:
         logits = draft_logits(hidden.to(rows.dtype) @ rows.T, config.output_multiplier,
                               config.final_logit_softcapping)
         return self.drafter.candidate_selector.walk(anchors, hidden, logits, ids, self.selector_temperature,
-                                                    self.selector_generator)
+                                                    self.selector_generator, self.selector_uniforms)
 
     def draft_tokens(self, block_hidden: torch.Tensor) -> torch.Tensor:
         """Every branch's greedy token at every draft position, [N, K, b], over the draft
@@ -191,6 +192,19 @@ class DrafterProposer:
             self._draft_head = (key, ids, upcast, rows)
         _, ids, upcast, rows = self._draft_head
         return ids, (rows if native_dtype else upcast)
+
+
+def samples_its_chain(proposer) -> bool:
+    """Whether `proposer` is a DFlash2 drafter's, whose selector can sample the chain (T > 0)."""
+    return isinstance(proposer, DrafterProposer) and hasattr(proposer.drafter, "candidate_selector")
+
+
+def first_drafts(proposal, depth: int):
+    """The proposal cut to its first `depth` drafts (the adaptive controller's depth)."""
+    if isinstance(proposal, SparseProposal):
+        return SparseProposal(proposal.branch_tokens[:, :, :depth], proposal.prior,
+                              proposal.proposal_tokens[:, :depth], proposal.proposal_probs[:, :depth])
+    return Proposal(proposal.branch_tokens[:, :, :depth], proposal.prior)
 
 
 def check_proposer(proposer: Proposer, num_target_layers: int) -> None:

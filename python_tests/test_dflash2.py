@@ -16,7 +16,7 @@ from dblast_ext.dflash2 import CandidateSelector, GroupedDynamicConv, draft_logi
 from dblast_ext.drafter_io import save_pretrained
 from decoding_cases import PROMPT, hf_greedy
 from losslessness import assert_committed_tokens_follow_p, chi_square_pvalue
-from tiny_models import H, VOCAB, dflash2_state, tiny_target, write_dflash2_checkpoint
+from tiny_models import H, VOCAB, dflash2_config, dflash2_state, tiny_target, write_dflash2_checkpoint
 
 
 @pytest.mark.parametrize("suffix", ["", ".weight"])
@@ -232,6 +232,75 @@ def test_sampling_with_a_dflash2_drafter_runs_and_is_reproducible(tmp_path):
     runs = [decoder.generate(PROMPT, SamplingParams(1.0, 20, 0.9), max_new_tokens=16, seed=4).token_ids
             for _ in range(2)]
     assert runs[0] == runs[1] and len(runs[0]) == 16
+
+
+def small_dflash2_decoder(tmp_path, **kwargs):
+    """A DFlash2 drafter on a 16-token target whose LM head is peaked (top token ~0.6); the
+    selector's candidates are the whole vocabulary and its scores small (multiplier 0.05,
+    codebooks / 10), so q is spread out and the chains are accepted often enough to reach the
+    sparse residual at every position."""
+    from decoding_cases import MASK, SMALL_VOCAB
+
+    target = tiny_target(vocab_size=SMALL_VOCAB, layers=2)
+    target.generation_config.eos_token_id = None
+    with torch.no_grad():
+        target.lm_head.weight.mul_(12.0)
+    path = write_dflash2_checkpoint(
+        tmp_path / "small", vocab_size=SMALL_VOCAB,
+        dflash_config={**dflash2_config()["dflash_config"], "mask_token_id": MASK, "target_layer_ids": [0, 1],
+                       "selector_top_k": SMALL_VOCAB, "output_multiplier": 0.05})
+    drafter = load_drafter(path, target=target)
+    with torch.no_grad():
+        drafter.candidate_selector.predecessor_codebook.div_(10)
+    kwargs.setdefault("controller", "off")
+    return SpeculativeDecoder(target, drafter, **kwargs)
+
+
+@pytest.mark.parametrize("sampling,samples", [
+    (SamplingParams(0.7, 6, 0.9), 600), (SamplingParams(1.0, 0, 1.0), 600), (SamplingParams(1.5, 0, 0.95), 600),
+    pytest.param(SamplingParams(0.7, 6, 0.9), 3000, marks=pytest.mark.slow),
+    pytest.param(SamplingParams(1.0, 0, 1.0), 3000, marks=pytest.mark.slow),
+    pytest.param(SamplingParams(1.5, 0, 0.95), 3000, marks=pytest.mark.slow),
+], ids=lambda v: f"T{v.temperature}-k{v.top_k}-p{v.top_p}" if isinstance(v, SamplingParams) else str(v))
+def test_sampled_chains_commit_the_targets_distribution_at_every_position(tmp_path, sampling, samples):
+    """The loop with a DFlash2 drafter at T > 0: chains sampled by the selector, verified by
+    sparse_verify; the first four committed tokens follow the target's filtered joint."""
+    from decoding_cases import SMALL_PROMPT, exact_prefix_joint
+
+    decoder = small_dflash2_decoder(tmp_path)
+    length = 4
+    exact = exact_prefix_joint(decoder.target.model, SMALL_PROMPT, sampling, length)
+    counts = np.zeros_like(exact)
+    accepted = []
+    for seed in range(samples):
+        out = decoder.generate(SMALL_PROMPT, sampling, max_new_tokens=length, seed=seed)
+        counts[tuple(out.token_ids[:length])] += 1
+        accepted.append(out.cycles[0].num_accepted)
+    assert np.mean(np.array(accepted) >= 1) > 0.1  # drafts accepted: the sparse residual is exercised
+    assert counts[exact == 0].sum() == 0
+    assert chi_square_pvalue(counts.ravel(), exact.ravel() * samples) > 1e-3
+    for position in range(1, length):
+        axes = tuple(a for a in range(length) if a != position)
+        assert chi_square_pvalue(counts.sum(axes), exact.sum(axes) * samples) > 1e-3, position
+
+
+def test_the_sampled_chain_goes_to_sparse_verify_and_the_trie_takes_the_greedy_walk(tmp_path, monkeypatch):
+    calls = []
+    sparse = ops.sparse_verify
+    monkeypatch.setattr(ops, "sparse_verify", lambda *a, **k: calls.append("sparse") or sparse(*a, **k))
+    decoder = small_dflash2_decoder(tmp_path)
+    from decoding_cases import SMALL_PROMPT
+
+    first = decoder.generate(SMALL_PROMPT, SamplingParams(1.0), max_new_tokens=12, seed=5)
+    assert calls and decoder.proposer.selector_temperature == 1.0
+    again = decoder.generate(SMALL_PROMPT, SamplingParams(1.0), max_new_tokens=12, seed=5)
+    assert again.token_ids == first.token_ids  # the chain's draws come from the row's generator
+    calls.clear()
+    decoder.generate(SMALL_PROMPT, SamplingParams(0.0), max_new_tokens=12)
+    assert not calls and decoder.proposer.selector_temperature == 0.0
+    tree = small_dflash2_decoder(tmp_path, verify="tree")
+    tree.generate(SMALL_PROMPT, SamplingParams(1.0), max_new_tokens=12, seed=5)
+    assert not calls and tree.proposer.selector_temperature == 0.0
 
 
 def test_branches_are_refused_on_a_dflash2_drafter(tmp_path):

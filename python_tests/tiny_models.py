@@ -72,9 +72,9 @@ def dflash2_config(**overrides):
     return config
 
 
-def dflash2_state(dtype=torch.float32, seed=0, codebook_suffix=""):
+def dflash2_state(dtype=torch.float32, seed=0, codebook_suffix="", vocab=VOCAB):
     """DFlash's tensors plus DFlash2's, by their published names (codebooks bare unless
-    `codebook_suffix` is ".weight")."""
+    `codebook_suffix` is ".weight"; `vocab` rows)."""
     g = torch.Generator().manual_seed(seed + 1)
     state = dflash_state(dtype, seed)
     groups = H // 16
@@ -87,15 +87,16 @@ def dflash2_state(dtype=torch.float32, seed=0, codebook_suffix=""):
                 0.1 * torch.randn(2 * 2 * groups, H, generator=g) / H ** 0.5).to(dtype)
     state["candidate_selector.hidden_projection.weight"] = (torch.randn(8, H, generator=g) / H ** 0.5).to(dtype)
     for name in ("predecessor", "successor"):
-        state[f"candidate_selector.{name}_codebook{codebook_suffix}"] = torch.randn(VOCAB, 8, generator=g).to(dtype)
+        state[f"candidate_selector.{name}_codebook{codebook_suffix}"] = torch.randn(vocab, 8, generator=g).to(dtype)
     return state
 
 
 def write_dflash2_checkpoint(path, dtype=torch.float32, seed=0, codebook_suffix="", **overrides) -> str:
     os.makedirs(path, exist_ok=True)
+    config = dflash2_config(**overrides)
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(dflash2_config(**overrides), f)
-    save_file(dflash2_state(dtype, seed, codebook_suffix), os.path.join(path, "model.safetensors"))
+        json.dump(config, f)
+    save_file(dflash2_state(dtype, seed, codebook_suffix, config["vocab_size"]), os.path.join(path, "model.safetensors"))
     return str(path)
 
 

@@ -13,7 +13,7 @@ read -r TORCH_DIR PY_INCLUDE < <("$TORCH_PYTHON" -c "import os, sysconfig, torch
 mapfile -t FLAGS < <("$TORCH_PYTHON" -c "import json; print('\n'.join(json.load(open('csrc/build.json'))['flags']['nvcc']))")
 out=$(mktemp --suffix=.o)
 trap 'rm -f "$out"' EXIT
-"$CUDA_HOME/bin/nvcc" -c "$1" -o "$out" -Icsrc/include -Icsrc/cuda -I"$TORCH_DIR/include" \
+"$CUDA_HOME/bin/nvcc" -c "$1" -o "$out" -Icsrc/include -I"$TORCH_DIR/include" \
   -I"$TORCH_DIR/include/torch/csrc/api/include" -I"$PY_INCLUDE" -DTORCH_API_INCLUDE_EXTENSION_H \
   -D_GLIBCXX_USE_CXX11_ABI=1 -DDBLAST_WITH_CUDA -gencode arch=compute_90,code=sm_90 "${FLAGS[@]}" \
   --compiler-options -fPIC -Xptxas -v 2>&1 | grep -E "error|warning|Compiling entry|Used [0-9]+ registers|spill" \

@@ -32,7 +32,7 @@
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
 
-#include "block_primitives.cuh"
+#include "../block_primitives.cuh"
 #include "dblast/filtering.h"
 #include "dblast/split_row.h"
 

@@ -54,8 +54,8 @@
 
 #include "dblast/attention_splits.h"
 #include "dblast/attention_window.h"
-#include "staged/drafter_attention.cuh"
-#include "staged/staged_ops.h"
+#include "drafter_attention.cuh"
+#include "staged_ops.h"
 
 namespace dblast::cuda::staged {
 namespace {
