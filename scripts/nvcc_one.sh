@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Compiles one CUDA source of csrc/ for sm_90 with the extension's flags (csrc/build.json) and
+# Compiles one CUDA source of csrc/ for sm_90 with the extension's flags (csrc/build.json, and
+# torch's own: no implicit half / bfloat16 conversions, csrc/include the only include path) and
 # prints ptxas' resource usage per kernel (registers, shared memory, spill stores/loads): the
 # quick gate for a kernel written without a GPU, seconds instead of the whole build.
 #   scripts/nvcc_one.sh csrc/cuda/staged/<file>.cu
@@ -16,6 +17,8 @@ trap 'rm -f "$out"' EXIT
 "$CUDA_HOME/bin/nvcc" -c "$1" -o "$out" -Icsrc/include -I"$TORCH_DIR/include" \
   -I"$TORCH_DIR/include/torch/csrc/api/include" -I"$PY_INCLUDE" -DTORCH_API_INCLUDE_EXTENSION_H \
   -D_GLIBCXX_USE_CXX11_ABI=1 -DDBLAST_WITH_CUDA -gencode arch=compute_90,code=sm_90 "${FLAGS[@]}" \
+  -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__ \
+  -D__CUDA_NO_HALF2_OPERATORS__ \
   --compiler-options -fPIC -Xptxas -v 2>&1 | grep -E "error|warning|Compiling entry|Used [0-9]+ registers|spill" \
   | sed -E 's/^ptxas info *: //'
 exit "${PIPESTATUS[0]}"
