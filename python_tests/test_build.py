@@ -249,9 +249,10 @@ def test_the_cuda_kernel_switch_sets_restores_and_names_a_bad_value():
 
 
 @pytest.mark.parametrize("value, expected", [("staged", "staged"), ("", "verified"), ("bogus", None)])
-def test_the_cuda_kernel_switch_starts_from_the_environment(value, expected):
+def test_the_cuda_kernel_switch_starts_from_the_environment(tmp_path, value, expected):
     code = "import dblast_ext; print(dblast_ext.ops.cuda_kernels())"
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    # from another folder: the installed dblast_ext, not the source tree's (CI installs a wheel)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env={**os.environ, "DBLAST_CUDA_KERNELS": value})
     if expected is None:
         assert run.returncode != 0
