@@ -15,25 +15,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import dblast_ext  # noqa: E402,F401  (loads the op library)
 
-# On a GPU each benchmark runs with the verified CUDA kernels ("cuda") and the staged ones
-# ("cuda-staged", docs/ops.md), side by side in one run.
-DEVICES = ["cpu"] + (["cuda", "cuda-staged"] if torch.cuda.is_available() else [])
-KERNELS = {"cuda": "verified", "cuda-staged": "staged"}
+from kernel_devices import device, parametrize_devices  # noqa: E402,F401  (the `device` fixture)
 
 
 def pytest_generate_tests(metafunc):
-    if "device" in metafunc.fixturenames:
-        metafunc.parametrize("device", DEVICES, indirect=True)
-
-
-@pytest.fixture
-def device(request):
-    """The torch device name of a `device`-parametrised benchmark, its CUDA kernels set for it."""
-    if request.param == "cpu":
-        yield "cpu"
-        return
-    with dblast_ext.ops.using_cuda_kernels(KERNELS[request.param]):
-        yield "cuda"
+    parametrize_devices(metafunc)  # cpu, and cuda / cuda-staged where a GPU exists: side by side
 
 
 @pytest.fixture
