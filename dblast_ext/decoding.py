@@ -64,6 +64,9 @@ VERIFY_MODES = ("branch", "tree")
 # rule's +1.7% / +6.1% (math / chat) with none, +10.5% / +10.5% with 2, +21.4% / +13.8% with 4,
 # +20.5% / +15.9% with 8; each leaf is one more row in the target pass
 TREE_EXTRA_LEAVES = 4
+# a DFlash2 drafter's trie: its greedy chain and the selector's 3 likeliest paths (beam search), four
+# paths like dblast-k4's four branches, merged where they share prefixes
+SELECTOR_TREE_PATHS = 3
 
 
 def check_depth(depth, max_depth: int) -> int:
@@ -453,13 +456,15 @@ class SpeculativeDecoder:
     # break, no host sync; tested); dblast_ext.cuda_graphs captures _draft, _score and _verify.
     def _start_selector(self, sampling: SamplingParams, tree: bool = False) -> int:
         """A DFlash2 drafter samples its chain at T > 0 (verified by sparse_verify) when one branch
-        is verified, and walks it greedily otherwise; returns the uniforms per row a cycle adds for
-        the sampled chain (b, else 0): columns block + 1 onwards, drawn with the cycle's others
-        from the row's generator."""
+        is verified, and walks it greedily otherwise; for a trie it proposes its greedy chain and
+        its SELECTOR_TREE_PATHS best paths. Returns the uniforms per row a cycle adds for the
+        sampled chain (b, else 0): columns block + 1 onwards, drawn with the cycle's others from
+        the row's generator."""
         if not samples_its_chain(self.proposer):
             return 0
         sampled = sampling.temperature > 0 and not tree
         self.proposer.selector_temperature = sampling.temperature if sampled else 0.0
+        self.proposer.selector_paths = SELECTOR_TREE_PATHS if tree else 0
         return self.proposer.block_size - 1 if sampled else 0
 
     def _draft(self, anchors, context, context_lens, proposer_cache, uniforms):

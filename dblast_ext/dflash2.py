@@ -136,6 +136,43 @@ class CandidateSelector(nn.Module):
                              torch.stack(probs, dim=1) if probs else None)
 
 
+    @torch.no_grad()
+    def best_paths(self, anchors: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor,
+                   ids: Optional[torch.Tensor] = None, width: int = 4):
+        """The selector's greedy chain and its `width` likeliest paths by beam search, for trie
+        verification (inputs as `walk`'s): (paths [N, width + 1, b] int64, the greedy chain first,
+        then the beam best first; their probabilities [N, width + 1] float32, each the product of
+        softmax(score) at every position, renormalised over the paths). The chain comes first so
+        that the trie holds every draft a chain verifier would check."""
+        k = min(self.top_k, logits.shape[-1])
+        unary, candidates = logits.float().topk(k, dim=-1)              # [N, b, k], likeliest first
+        if ids is not None:
+            candidates = ids[candidates]
+        projected = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype)).float()  # [N, b, R]
+        successors = self.successor_codebook[candidates].float()        # [N, b, k, R]
+        n, b = hidden.shape[:2]
+        greedy = self.walk(anchors, hidden, logits, ids).tokens        # [N, b]
+        paths = anchors[:, None, None]                                   # [N, beams, i + 1]: anchor, then drafts
+        greedy_logp = torch.zeros(n, device=hidden.device)
+        beam_logp = torch.zeros(n, 1, device=hidden.device)
+        for i in range(b):
+            query = self.predecessor_codebook[paths[:, :, -1]].float() * projected[:, i, None]        # [N, B, R]
+            logq = torch.log_softmax(unary[:, i, None] + query @ successors[:, i].transpose(1, 2), -1)  # [N, B, k]
+            total = (beam_logp[..., None] + logq).flatten(1)                                          # [N, B * k]
+            beam_logp, best = total.topk(min(width, total.shape[1]), dim=-1)
+            beam, slot = best // k, best % k
+            paths = torch.cat([paths.gather(1, beam[..., None].expand(-1, -1, paths.shape[2])),
+                               candidates[:, i].gather(1, slot)[..., None]], dim=2)
+            # the chain's own log-probability: it took the best-scoring candidate after its predecessor
+            previous = anchors if i == 0 else greedy[:, i - 1]
+            chain_query = self.predecessor_codebook[previous].float() * projected[:, i]
+            scores = unary[:, i] + (successors[:, i] @ chain_query[:, :, None])[..., 0]
+            greedy_logp += torch.log_softmax(scores, -1).amax(-1)
+        tokens = torch.cat([greedy[:, None], paths[:, :, 1:]], dim=1)
+        probs = torch.softmax(torch.cat([greedy_logp[:, None], beam_logp], dim=1), dim=-1)
+        return tokens, probs
+
+
 def draft_logits(logits: torch.Tensor, multiplier: float, softcap: Optional[float]) -> torch.Tensor:
     """DFlash2's draft logits from the LM head's: times `output_multiplier`, then soft-capped
     c * tanh(l / c) when `final_logit_softcapping` c > 0 (both keep the order of the tokens)."""

@@ -94,6 +94,9 @@ class DrafterProposer:
         self.selector_temperature = 0.0
         self.selector_generator: Optional[torch.Generator] = None
         self.selector_uniforms: Optional[torch.Tensor] = None  # [N, b]: the draws of the next pass
+        # above 0 (trie verification): propose the greedy chain and the selector's this many best
+        # paths, as branches whose prior is their probability (the trie loop sets it)
+        self.selector_paths = 0
 
     @property
     def category_temperature(self) -> float:
@@ -130,6 +133,8 @@ class DrafterProposer:
         hidden = self.drafter(self.target.embed(block_ids), context, cache, use_kernels=self.use_kernels,
                               context_lens=context_lens)
         prior = self.drafter.branch_prior(hidden[:, 0], self.category_temperature).float()
+        if hasattr(self.drafter, "candidate_selector") and self.selector_paths:  # DFlash2, for a trie
+            return Proposal(*self.selector_paths_of(anchors, hidden))
         if hasattr(self.drafter, "candidate_selector"):  # DFlash2: one chain, the selector's
             chain = self.selected_chain(anchors, hidden)
             if chain.probs is None:
@@ -155,6 +160,18 @@ class DrafterProposer:
         """A DFlash2 drafter's chain over the draft vocabulary: the LM head's logits at every
         draft position (times the output multiplier, soft-capped), then the candidate selector's
         walk from each anchor at `selector_temperature` (dblast_ext.dflash2)."""
+        ids, hidden, logits = self._selector_inputs(block_hidden)
+        return self.drafter.candidate_selector.walk(anchors, hidden, logits, ids, self.selector_temperature,
+                                                    self.selector_generator, self.selector_uniforms)
+
+    def selector_paths_of(self, anchors: torch.Tensor, block_hidden: torch.Tensor):
+        """A DFlash2 drafter's greedy chain and `selector_paths` best paths (the selector's beam),
+        with their probabilities: ([N, P, b] ids, [N, P] prior)."""
+        ids, hidden, logits = self._selector_inputs(block_hidden)
+        return self.drafter.candidate_selector.best_paths(anchors, hidden, logits, ids, self.selector_paths)
+
+    def _selector_inputs(self, block_hidden: torch.Tensor):
+        """(the draft vocabulary's ids or None, the drafted positions' states, their draft logits)."""
         config = self.drafter.config
         if self.draft_ids is None:
             ids, rows = None, self.target.lm_head_weight[: self.target.vocab_size]
@@ -163,8 +180,7 @@ class DrafterProposer:
         hidden = block_hidden[:, 1:]
         logits = draft_logits(hidden.to(rows.dtype) @ rows.T, config.output_multiplier,
                               config.final_logit_softcapping)
-        return self.drafter.candidate_selector.walk(anchors, hidden, logits, ids, self.selector_temperature,
-                                                    self.selector_generator, self.selector_uniforms)
+        return ids, hidden, logits
 
     def draft_tokens(self, block_hidden: torch.Tensor) -> torch.Tensor:
         """Every branch's greedy token at every draft position, [N, K, b], over the draft

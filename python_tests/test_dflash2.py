@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dblast_ext import load_drafter, ops, reference
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
+from dblast_ext.decoding import SELECTOR_TREE_PATHS, SamplingParams, SpeculativeDecoder
 from dblast_ext.dflash2 import CandidateSelector, GroupedDynamicConv, draft_logits
 from dblast_ext.drafter_io import save_pretrained
 from decoding_cases import PROMPT, hf_greedy
@@ -108,6 +108,45 @@ def test_the_selector_walks_the_best_scoring_candidate_from_the_anchor():
                                        @ selector.successor_codebook[c].double()) for u, c in zip(unary, candidates)]
             previous = int(candidates[max(range(5), key=lambda j: (scores[j], -j))])
             assert int(chain[row, i]) == previous
+
+
+def test_the_selectors_best_paths_are_its_chain_then_its_likeliest_paths():
+    """best_paths (the trie's proposal): the greedy chain first, then the beam; a beam as wide as
+    every path (k^b) keeps them all, so it must list the exact top paths by the product of
+    softmax(score) at each position, found here by enumerating every path in float64."""
+    import itertools
+
+    selector, g = _random_selector(11, top_k=3)
+    anchors, hidden = torch.tensor([3, 41]), torch.randn(2, 3, H, generator=g)
+    logits = torch.randn(2, 3, VOCAB, generator=g) * 2
+    paths, probs = selector.best_paths(anchors, hidden, logits, width=27)
+    assert paths.shape == (2, 28, 3) and probs.shape == (2, 28)
+    assert torch.equal(paths[:, 0], selector.walk(anchors, hidden, logits).tokens)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2))
+    for row in range(2):
+        projected = selector.hidden_projection.weight.double() @ hidden[row].double().T   # [R, b]
+        unary, candidates = logits[row].double().topk(3)
+
+        def logq(previous, i):
+            query = selector.predecessor_codebook[previous].double() * projected[:, i]
+            scores = unary[i] + selector.successor_codebook[candidates[i]].double() @ query
+            return torch.log_softmax(scores, -1)
+
+        every = {}
+        for slots in itertools.product(range(3), repeat=3):
+            previous, total, path = int(anchors[row]), 0.0, []
+            for i, slot in enumerate(slots):
+                total += float(logq(previous, i)[slot])
+                previous = int(candidates[i, slot])
+                path.append(previous)
+            every[tuple(path)] = total
+        ranked = sorted(every.values(), reverse=True)
+        beam = [every[tuple(p)] for p in paths[row, 1:].tolist()]
+        assert np.allclose(beam, ranked, atol=1e-4)                       # the top paths, best first
+        weights = np.exp([every[tuple(p)] for p in paths[row].tolist()])
+        assert np.allclose(probs[row].numpy(), weights / weights.sum(), atol=1e-5)
+    narrow, _ = selector.best_paths(anchors, hidden, logits, width=2)
+    assert narrow.shape == (2, 3, 3) and torch.equal(narrow[:, 1:], paths[:, 1:3])
 
 
 def _random_selector(seed: int, rank: int = 6, top_k: int = 5):
@@ -264,7 +303,8 @@ def small_dflash2_decoder(tmp_path, **kwargs):
 ], ids=lambda v: f"T{v.temperature}-k{v.top_k}-p{v.top_p}" if isinstance(v, SamplingParams) else str(v))
 def test_sampled_chains_commit_the_targets_distribution_at_every_position(tmp_path, sampling, samples):
     """The loop with a DFlash2 drafter at T > 0: chains sampled by the selector, verified by
-    sparse_verify; the first four committed tokens follow the target's filtered joint."""
+    sparse_verify; the first four committed tokens follow the target's filtered joint. (A trie of
+    the selector's paths is a fixed trie, whose walk test_trie.py shows exact.)"""
     from decoding_cases import SMALL_PROMPT, exact_prefix_joint
 
     decoder = small_dflash2_decoder(tmp_path)
@@ -284,7 +324,7 @@ def test_sampled_chains_commit_the_targets_distribution_at_every_position(tmp_pa
         assert chi_square_pvalue(counts.sum(axes), exact.sum(axes) * samples) > 1e-3, position
 
 
-def test_the_sampled_chain_goes_to_sparse_verify_and_the_trie_takes_the_greedy_walk(tmp_path, monkeypatch):
+def test_the_sampled_chain_goes_to_sparse_verify_and_the_trie_takes_the_best_paths(tmp_path, monkeypatch):
     calls = []
     sparse = ops.sparse_verify
     monkeypatch.setattr(ops, "sparse_verify", lambda *a, **k: calls.append("sparse") or sparse(*a, **k))
@@ -301,6 +341,9 @@ def test_the_sampled_chain_goes_to_sparse_verify_and_the_trie_takes_the_greedy_w
     tree = small_dflash2_decoder(tmp_path, verify="tree")
     tree.generate(SMALL_PROMPT, SamplingParams(1.0), max_new_tokens=12, seed=5)
     assert not calls and tree.proposer.selector_temperature == 0.0
+    assert tree.proposer.selector_paths == SELECTOR_TREE_PATHS
+    assert max(c.tree_nodes for c in tree.generate(SMALL_PROMPT, SamplingParams(1.0), max_new_tokens=12,
+                                                   seed=5).cycles) > tree.proposer.block_size - 1
 
 
 def test_branches_are_refused_on_a_dflash2_drafter(tmp_path):

@@ -2,6 +2,7 @@
 learn) and a DFlash-format drafter: learning, exact resume, block expansion, from-scratch
 initialisation, checkpoints that load and decode, the position weights, feature scaling
 folded into the saved drafter, and config errors."""
+import copy
 import json
 import math
 import os
@@ -401,6 +402,7 @@ def test_train_command_runs_a_config_file(world, capsys):
       "num_branches": 4}, "num_branches must be 1 or null with dflash2"),
     ({"selector_weight": -1}, "selector_weight"),
     ({"freeze_backbone": "yes"}, "freeze_backbone"),
+    ({"selector_only": 1}, "selector_only must be true or false"),
 ])
 def test_bad_configs_fail_clearly(world, change, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):
@@ -450,14 +452,16 @@ def test_torchrun_processes_share_a_step_like_gradient_accumulation(world):
 DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 8, "selector_top_k": 4}
 
 
-@pytest.mark.parametrize("freeze", [True, False])
-def test_a_dflash_drafter_trains_into_a_dflash2_one(world, freeze):
+@pytest.mark.parametrize("trains", ["everything", "frozen-backbone", "selector-only"])
+def test_a_dflash_drafter_trains_into_a_dflash2_one(world, trains):
     """The DFlash2 parts start as a no-op (the converted drafter's greedy chain is the DFlash
-    drafter's), the selector's cross-entropy falls, a frozen backbone stays as it was, and the
-    result saves as a DFlash2 checkpoint that decodes exactly."""
+    drafter's), the selector's cross-entropy falls, a frozen backbone stays as it was (and the
+    convolutions too when only the selector trains), and the result saves as a DFlash2
+    checkpoint that decodes exactly."""
     root, target_dir, drafter_dir, _ = world
-    name = f"dflash2-{freeze}"
-    c = config(world, name, num_branches=None, objective="nll", dflash2=DFLASH2, freeze_backbone=freeze,
+    name = f"dflash2-{trains}"
+    c = config(world, name, num_branches=None, objective="nll", dflash2=DFLASH2,
+               freeze_backbone=trains == "frozen-backbone", selector_only=trains == "selector-only",
                max_steps=60, save_every=30, lr=1e-2, eval_at_start=True)
     result = train(c, progress=False)
     evals = [json.loads(line) for line in open(root / name / "eval_log.jsonl")]
@@ -468,7 +472,11 @@ def test_a_dflash_drafter_trains_into_a_dflash2_one(world, freeze):
     assert json.load(open(os.path.join(result["final"], "config.json")))["architectures"] == ["DFlash2DraftModel"]
     before = load_drafter(drafter_dir, target=model)
     backbone_same = torch.equal(trained.layers[0].mlp.gate_proj.weight, before.layers[0].mlp.gate_proj.weight)
-    assert backbone_same == freeze
+    assert backbone_same == (trains != "everything")
+    identity = copy.deepcopy(trained.layers[0].mlp_conv)
+    identity.make_identity()
+    convs_as_added = torch.equal(trained.layers[0].mlp_conv.base_kernel, identity.base_kernel)
+    assert convs_as_added == (trains == "selector-only")
     assert not torch.equal(trained.candidate_selector.successor_codebook,
                            torch.zeros_like(trained.candidate_selector.successor_codebook))
     ids = tokenizer("t5 t6 t7")["input_ids"]

@@ -33,7 +33,8 @@
                   "selector_rank": 64, "selector_top_k": 16},     # DFlash2 drafter (identity convs, new
                                                                  # selector) or train a DFlash2 one
       "selector_weight": 1.0,                # DFlash2: weight of the selector's candidate cross-entropy
-      "freeze_backbone": false               # DFlash2: train only the convolutions and the selector
+      "freeze_backbone": false,              # DFlash2: train only the convolutions and the selector
+      "selector_only": false                 # DFlash2: train only the selector (the rest as it was)
     }
 """
 import json
@@ -86,6 +87,7 @@ class TrainConfig:
     dflash2: Optional[dict] = None
     selector_weight: float = 1.0
     freeze_backbone: bool = False
+    selector_only: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -94,7 +96,8 @@ class TrainConfig:
 # What runs made before a field existed trained with: a saved config without the field is
 # compared as if it held this value.
 LEGACY_VALUES = {"distill_weight": 0.0, "feature_scaling": "none", "patience": None, "eval_at_start": False,
-                 "select_by": "loss", "dflash2": None, "selector_weight": 1.0, "freeze_backbone": False}
+                 "select_by": "loss", "dflash2": None, "selector_weight": 1.0, "freeze_backbone": False,
+                 "selector_only": False}
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 # The held-out measures that can pick the best checkpoint (`select_by`), and whether higher is
 # better: the loss for the NLL objectives; the accepted-length proxy for the surrogate, whose
@@ -212,6 +215,8 @@ def validate(c: TrainConfig, flags: Optional[Dict[str, str]] = None) -> TrainCon
         raise ValueError(f"training config: selector_weight must be a number >= 0, got {c.selector_weight!r}")
     if not isinstance(c.freeze_backbone, bool):
         raise ValueError(f"training config: freeze_backbone must be true or false, got {c.freeze_backbone!r}")
+    if not isinstance(c.selector_only, bool):
+        raise ValueError(f"training config: selector_only must be true or false, got {c.selector_only!r}")
     from ..drafter_io import checkpoint_files
     from ..target_loading import check_target_path
 

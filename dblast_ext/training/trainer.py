@@ -38,8 +38,9 @@ from .feature_cache import FeatureCache, file_digest, open_feature_caches, respo
 from .losses import decay_weights, flat_step_weights
 from .objective import batch_loss, collate
 
-# a DFlash2 drafter's own parts, the ones freeze_backbone trains
+# a DFlash2 drafter's own parts, the ones freeze_backbone trains, and the selector (selector_only)
 DFLASH2_PART = re.compile(r"(^|\.)(attention_conv|mlp_conv|candidate_selector)\.")
+SELECTOR_PART = re.compile(r"(^|\.)candidate_selector\.")
 
 STATE_FILE = "trainer_state.pt"
 
@@ -431,12 +432,13 @@ def _train(config: TrainConfig, device: str, parallel: _Distributed, progress: b
              feature_scale(config, records, target, cache, progress and parallel.rank == 0))
     if scale is not None:
         set_feature_scale(drafter, scale.to(device), keep_function=trained_block is not None)
-    if config.freeze_backbone:
+    if config.freeze_backbone or config.selector_only:
+        field = "selector_only" if config.selector_only else "freeze_backbone"
         if not drafter.config.is_dflash2:
-            raise ValueError("freeze_backbone trains a DFlash2 drafter's convolutions and selector: the drafter "
-                             "has neither (set dflash2)")
+            raise ValueError(f"{field} trains a DFlash2 drafter's own parts: the drafter has none (set dflash2)")
+        part = SELECTOR_PART if config.selector_only else DFLASH2_PART
         for name, parameter in drafter.named_parameters():
-            parameter.requires_grad_(DFLASH2_PART.search(name) is not None)
+            parameter.requires_grad_(part.search(name) is not None)
     trained = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, warmup))

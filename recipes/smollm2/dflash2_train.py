@@ -4,9 +4,11 @@ data (train_round.py's shards and held-out split), in stages a sitting can stop 
 
   features   the chunk's target features, cached (a zero-step run; about 20 minutes on 2 cores);
   baseline   dflash-k1 measured on the held-out split as shipped (zero steps);
-  pilots     frozen backbone (only the convolutions and the selector train, at lr_new) against a
-             fine-tuned one (everything trains, at lr_continue), `pilot_steps` each, same data;
-             the one with the higher held-out estimated tau of the selector's greedy chain wins;
+  pilots     frozen backbone (only the convolutions and the selector train, at lr_new), a fine-tuned
+             one (everything trains, at lr_continue) and the selector alone (convolutions kept as the
+             identity, at lr_new), `pilot_steps` each, same data; the one with the highest
+             held-out estimated tau of the selector's greedy chain wins, where taus within TIE of
+             the highest count as equal and the mode training the fewest parts wins among them;
   main       the winning mode for `steps` steps from dflash-k1 (patience 3), packaged into
              --candidate: the drafter recipes/smollm2/eval.sh measures next to dflash-k1 and
              dblast-k4 before it may ship as `dflash2`.
@@ -32,6 +34,11 @@ SETTINGS = {"chunk": 0, "pilot_steps": 300, "steps": 1600, "batch_size": 4, "num
             "distill_weight": 0.5, "decay": 7, "save_every": 150, "patience": 3, "lr_continue": 3e-4,
             "lr_new": 1e-3, "selector_weight": 1.0,
             "dflash2": {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 32, "selector_top_k": 16}}
+# what each pilot trains; a tie goes to the earlier of these, which trains fewer parts
+MODES = {"selector": dict(selector_only=True), "frozen": dict(freeze_backbone=True), "finetuned": {}}
+# estimated taus this close are a tie: well under the held-out split's standard error of a
+# position's agreement (about 0.016 at 0.5 over its 1,024 anchors: 64 responses x 16)
+TIE = 0.005
 POSITIONS = 7   # draft positions of block 8, on which the tau estimates compare
 
 
@@ -60,11 +67,13 @@ def stage_configs(ledger: dict, store: str, work: str) -> dict:
         "pilot-finetuned": dict(base_config(ledger, store, work, "pilot-finetuned"), **dflash2,
                                 max_steps=s["pilot_steps"], lr=s["lr_continue"], save_every=min(150, s["pilot_steps"])),
     }
+    configs["pilot-selector"] = dict(base_config(ledger, store, work, "pilot-selector"), **dflash2, selector_only=True,
+                                     max_steps=s["pilot_steps"], lr=s["lr_new"], save_every=min(150, s["pilot_steps"]))
     if ledger.get("choice"):
-        frozen = ledger["choice"] == "frozen"
-        configs["main"] = dict(base_config(ledger, store, work, "main"), **dflash2, freeze_backbone=frozen,
+        mode = ledger["choice"]
+        configs["main"] = dict(base_config(ledger, store, work, "main"), **dflash2, **MODES[mode],
                                max_steps=s["steps"], patience=s["patience"],
-                               lr=s["lr_new"] if frozen else s["lr_continue"])
+                               lr=s["lr_continue"] if mode == "finetuned" else s["lr_new"])
     return configs
 
 
@@ -77,6 +86,15 @@ def summary(config: dict, seconds: float) -> dict:
         if "selector_loss" in entry:
             result[key]["selector_loss"] = round(entry["selector_loss"], 5)
     return result
+
+
+def choose(ledger: dict, log) -> None:
+    """The main stage's mode, once every pilot is in the ledger (kept once chosen)."""
+    if ledger.get("choice") or not all(f"pilot-{mode}" in ledger["stages"] for mode in MODES):
+        return
+    taus = {mode: ledger["stages"][f"pilot-{mode}"]["best"]["estimated_tau"] for mode in MODES}
+    ledger["choice"] = next(mode for mode in MODES if taus[mode] >= max(taus.values()) - TIE)
+    log(f"== pilots: estimated tau {taus}; chosen {ledger['choice']}")
 
 
 def main() -> int:
@@ -104,7 +122,8 @@ def main() -> int:
         parser.error(f"--settings applies to a new ledger only; {args.ledger} has its own")
     os.makedirs(args.work, exist_ok=True)
     log = lambda message: print(message, flush=True)  # noqa: E731
-    for stage in ("features", "baseline", "pilot-frozen", "pilot-finetuned", "main"):
+    choose(ledger, log)
+    for stage in ("features", "baseline", "pilot-frozen", "pilot-finetuned", "pilot-selector", "main"):
         configs = stage_configs(ledger, args.store, args.work)
         if stage in ledger["stages"]:
             continue
@@ -115,10 +134,7 @@ def main() -> int:
         ledger["stages"][stage] = {"seconds": seconds} if stage == "features" else summary(configs[stage], seconds)
         if stage != "features":
             copy_logs(configs[stage]["out"], args.logs, stage)
-        if stage == "pilot-finetuned":
-            taus = {mode: ledger["stages"][f"pilot-{mode}"]["best"]["estimated_tau"] for mode in ("frozen", "finetuned")}
-            ledger["choice"] = max(taus, key=lambda mode: (taus[mode], mode == "frozen"))  # ties: the cheaper
-            log(f"== pilots: estimated tau {taus}; chosen {ledger['choice']}")
+        choose(ledger, log)
         if stage == "main":
             package(os.path.join(configs["main"]["out"], "final"), "dflash2", args.candidate)
             log(f"== packaged {args.candidate}")

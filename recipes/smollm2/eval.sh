@@ -34,7 +34,10 @@
 # ORACLE_BLOCK (the block_size of the embedded dblast-k4),
 # WORKERS (2), BATCH (8), GRID (Z_T, 0,0.5,1), MAX_NEW_TOKENS (256; fewer for a smoke run), TRUNCATIONS (200),
 # VOCABS ("full 8192": the draft vocabularies of the blocks phase), ARMS ("dblast-k4 dflash-k1": the
-# drafters evaluated, e.g. one whose training is final while the other still trains).
+# drafters evaluated, e.g. one whose training is final while the other still trains; NAME=DIR evaluates
+# the drafter in DIR under NAME, e.g. ARMS="dflash2=runs/smollm2-dflash2/candidate" PHASES="accept speed"),
+# SPEED_FLAGS (none: `dblast eval` flags the speed phase adds after --fastest-settings, which they
+# override, e.g. "--draft-vocab 8192 --verify tree" for a drafter the fastest settings do not know).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/smollm2-eval} PROMPTS=${PROMPTS:-45} SPEED_PROMPTS=${SPEED_PROMPTS:-10} WORKERS=${WORKERS:-2}
@@ -69,10 +72,10 @@ logged() {  # logged NAME LOG COMMAND...: COMMAND on one thread, output to LOG; 
 finished() {  # finished NAME FILE: true (and says so) when a run's finishing file exists
   [[ -f $2 ]] && echo "done $1 (finished before)"
 }
-one_run() {  # one_run ARM T: the acceptance run of one arm at one temperature
-  local arm=$1 t=$2
+one_run() {  # one_run ARM T: the acceptance run of one arm (NAME or NAME=DIR) at one temperature
+  local arm=${1%%=*} drafter=${1#*=} t=$2
   finished "$arm T=$t" "$OUT/accept/$arm-T$t/summary.json" && return
-  logged "$arm T=$t" "$OUT/accept-$arm-T$t.log" dblast eval --drafter "$arm" --datasets "$DATASETS" \
+  logged "$arm T=$t" "$OUT/accept-$arm-T$t.log" dblast eval --drafter "$drafter" --datasets "$DATASETS" \
     --num-prompts "$PROMPTS" $(sampling "$t") --max-new-tokens "$MAX_NEW_TOKENS" --category-temperature calibrate \
     --grid "$GRID" --batch-size "$BATCH" --no-progress --out "$OUT/accept/$arm-T$t"
 }
@@ -96,20 +99,22 @@ for phase in $PHASES; do
       printf '%s\n' 0.7 1.0 1.5 | xargs -P "$WORKERS" -L 1 bash -c 'one_oracle "$0"' ;;
     speed)
       for t in 0.7 1.0 1.5 0; do
-        for arm in $ARMS; do
+        for entry in $ARMS; do
+          arm=${entry%%=*}
           finished "speed $arm T=$t" "$OUT/speed/$arm-T$t/summary.json" && continue
-          dblast eval --drafter "$arm" --fastest-settings --datasets "$DATASETS" --num-prompts "$SPEED_PROMPTS" \
+          dblast eval --drafter "${entry#*=}" --fastest-settings ${SPEED_FLAGS:-} --datasets "$DATASETS" --num-prompts "$SPEED_PROMPTS" \
             $(sampling "$t") --max-new-tokens "$MAX_NEW_TOKENS" --measure-speedup --all-responses --no-progress \
             --out "$OUT/speed/$arm-T$t" | tail -2
         done
       done ;;
     blocks)
-      for arm in $ARMS; do
+      for entry in $ARMS; do
+        arm=${entry%%=*}
         for b in 16 8 4; do
           for v in $VOCABS; do
             name=$arm-B$b$([[ $v == full ]] || echo "-V$v")
             finished "blocks $name" "$OUT/blocks/$name/summary.json" && continue
-            dblast eval --drafter "$arm" --block-size "$b" $([[ $v == full ]] || echo "--draft-vocab $v") \
+            dblast eval --drafter "${entry#*=}" --block-size "$b" $([[ $v == full ]] || echo "--draft-vocab $v") \
               --datasets gsm8k --num-prompts "$SPEED_PROMPTS" $(sampling 0.7) --max-new-tokens "$MAX_NEW_TOKENS" \
               --category-temperature "$(python recipes/smollm2/chosen_zt.py "$OUT/accept/$arm-T0.7")" \
               --measure-speedup --all-responses --no-progress --out "$OUT/blocks/$name" | tail -2
