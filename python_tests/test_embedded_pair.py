@@ -84,15 +84,19 @@ def test_greedy_equals_the_targets_own_greedy_output_and_drafts_are_accepted(tar
 
 
 @needs_smollm2
-def test_greedy_equals_the_targets_own_greedy_output_with_the_adaptive_controller(target, tmp_path, monkeypatch):
-    """The default controller, its costs measured for the pair here: T 0 still gives the
-    target's own greedy output, and the controller does draft on a math answer."""
+def test_greedy_equals_the_targets_own_greedy_output_with_the_adaptive_controller(target):
+    """The default controller: T 0 still gives the target's own greedy output, and the controller
+    does draft on a math answer. Its costs are a fixed table in which drafting pays (as on idle
+    cores), not timed here: timed on a busy machine, drafting may rightly never pay."""
+    from dblast_ext.adaptive import CostTable
     from dblast_ext.decoding import SamplingParams
 
-    monkeypatch.setenv("DBLAST_COST_CACHE", str(tmp_path))
     model, tokenizer = target
     ids = _prompt_ids(tokenizer)
-    out = _decoder(target, "dblast-k4", controller="adaptive").generate(ids, SamplingParams(0.0), max_new_tokens=48)
+    decoder = _decoder(target, "dblast-k4", controller="adaptive")
+    drafts = decoder.proposer.block_size - 1
+    decoder.cost_table = CostTable(chain={1: [1.0] + [1.3 + 0.05 * d for d in range(1, drafts + 1)]})
+    out = decoder.generate(ids, SamplingParams(0.0), max_new_tokens=48)
     with torch.no_grad():
         prompt = torch.tensor([ids])
         want = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=48,
