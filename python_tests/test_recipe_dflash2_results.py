@@ -37,8 +37,8 @@ def test_the_selector_against_the_branches_per_temperature(tmp_path, results):
     text = run(runs, results)
     assert text.startswith("# Results\n\nText written by people.\n")
     table = block(text, "dflash2")
-    assert "- T 0.7: DFlash2's selector commits more per target pass (4.00 against 3.00)." in table
-    assert "- T 1.0: DBLast's branches (dblast-k4) commits more per target pass (1.00 against 3.00)." in table
+    assert "- T 0.7: DFlash2's selector commits more per target pass (DFlash2 4.00, dblast-k4 3.00)." in table
+    assert "- T 1.0: DBLast's branches (dblast-k4) commits more per target pass (DFlash2 1.00, dblast-k4 3.00)." in table
     acceptance, speed = (part.splitlines() for part in table.split("Speed-up", 1))
     rows = {line.split(" | ")[0]: line for line in acceptance if line.startswith("| ")}
     assert "pending" in rows["| 0"] and "pending" in rows["| 1.5"]

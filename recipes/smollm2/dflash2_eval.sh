@@ -7,11 +7,12 @@
 #            prompts of each dataset (the embedded drafters' kept records cover the first 45; the
 #            comparison is paired on the prompts both cover)
 #   speed    eval.sh's speed runs at the settings dflash-k1 runs at on a CPU (bfloat16, block 8,
-#            8,192 draft ids, the adaptive controller): the sampled chain (`dflash2`) and a trie of
-#            the greedy chain and the selector's 3 best paths (`dflash2-tree`)
+#            8,192 draft ids, the adaptive controller): the sampled chain (`dflash2`), a trie of
+#            the greedy chain and the selector's 3 best paths (`dflash2-tree`), and the embedded
+#            dflash-k1 at its own CPU defaults in the same sitting (`dflash-k1-now`)
 #   collect  dflash2_results.py
 # Environment (defaults): CANDIDATE (runs/smollm2-dflash2/candidate), OUT (runs/smollm2-dflash2-eval),
-# PROMPTS (20), SPEED_PROMPTS (10), PHASES ("accept speed collect").
+# PROMPTS (20), SPEED_PROMPTS (10; 3 in the committed run, to fit a sitting), PHASES ("accept speed collect").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CANDIDATE=${CANDIDATE:-runs/smollm2-dflash2/candidate} OUT=${OUT:-runs/smollm2-dflash2-eval}
@@ -24,7 +25,8 @@ for phase in $PHASES; do
     speed)
       ARMS="dflash2=$CANDIDATE" SPEED_FLAGS="--draft-vocab 8192" PHASES=speed bash recipes/smollm2/eval.sh
       ARMS="dflash2-tree=$CANDIDATE" SPEED_FLAGS="--draft-vocab 8192 --verify tree" PHASES=speed \
-        bash recipes/smollm2/eval.sh ;;
+        bash recipes/smollm2/eval.sh
+      ARMS="dflash-k1-now=dflash-k1" PHASES=speed bash recipes/smollm2/eval.sh ;;
     collect) python recipes/smollm2/dflash2_results.py --runs "$OUT" ;;
     *) echo "unknown phase $phase"; exit 2 ;;
   esac
