@@ -109,19 +109,14 @@ class CandidateSelector(nn.Module):
         q = softmax(score / temperature) over the candidates by inverse CDF on `uniforms`
         [N, b] in [0, 1) (drawn from `generator` when None), and the chain keeps what it drew from
         (the sparse proposal sparse_verify checks it against)."""
-        k = min(self.top_k, logits.shape[-1])
-        unary, candidates = logits.float().topk(k, dim=-1)              # [N, b, k], likeliest first
-        if ids is not None:
-            candidates = ids[candidates]
-        projected = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype)).float()  # [N, b, R]
-        successors = self.successor_codebook[candidates].float()        # [N, b, k, R]
+        unary, candidates, projected, successors = self._candidates(hidden, logits, ids)
+        k = candidates.shape[-1]
         previous = anchors
         chain, probs = [], []
         if temperature > 0 and uniforms is None:
             uniforms = torch.rand(hidden.shape[:2], generator=generator, dtype=torch.float64).to(hidden.device)
         for i in range(hidden.shape[1]):
-            query = self.predecessor_codebook[previous].float() * projected[:, i]        # [N, R]
-            scores = unary[:, i] + (successors[:, i] @ query[:, :, None])[..., 0]      # [N, k]
+            scores = self._scores(unary[:, i], successors[:, i], projected[:, i], previous[:, None])[:, 0]  # [N, k]
             if temperature > 0:
                 q = torch.softmax(scores / temperature, dim=-1)
                 # the first slot whose cumulative mass passes u (the last one if rounding leaves u unreached)
@@ -135,7 +130,6 @@ class CandidateSelector(nn.Module):
         return SelectedChain(torch.stack(chain, dim=1), candidates,
                              torch.stack(probs, dim=1) if probs else None)
 
-
     @torch.no_grad()
     def best_paths(self, anchors: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor,
                    ids: Optional[torch.Tensor] = None, width: int = 4):
@@ -144,33 +138,42 @@ class CandidateSelector(nn.Module):
         then the beam best first; their probabilities [N, width + 1] float32, each the product of
         softmax(score) at every position, renormalised over the paths). The chain comes first so
         that the trie holds every draft a chain verifier would check."""
+        unary, candidates, projected, successors = self._candidates(hidden, logits, ids)
+        k = candidates.shape[-1]
+        # column 0: the greedy chain (as `walk` at T 0 takes it); columns 1..: the beam
+        paths = anchors[:, None, None].expand(-1, 2, 1)                 # [N, 1 + beams, i + 1]: anchor, then drafts
+        logp = torch.zeros(anchors.shape[0], 2, device=hidden.device)
+        for i in range(hidden.shape[1]):
+            scores = self._scores(unary[:, i], successors[:, i], projected[:, i], paths[:, :, -1])  # [N, 1 + B, k]
+            logq = torch.log_softmax(scores, -1)
+            greedy_slot = scores[:, 0].argmax(-1, keepdim=True)                             # first max: lowest slot
+            greedy_logp = logq[:, 0].gather(1, greedy_slot)
+            total = (logp[:, 1:, None] + logq[:, 1:]).flatten(1)                            # [N, B * k]
+            beam_logp, best = total.topk(min(width, total.shape[1]), dim=-1)
+            rows = torch.cat([torch.zeros_like(greedy_slot), 1 + best // k], dim=1)
+            slots = torch.cat([greedy_slot, best % k], dim=1)
+            paths = torch.cat([paths.gather(1, rows[..., None].expand(-1, -1, paths.shape[2])),
+                               candidates[:, i].gather(1, slots)[..., None]], dim=2)
+            logp = torch.cat([logp[:, :1] + greedy_logp, beam_logp], dim=1)
+        return paths[:, :, 1:], torch.softmax(logp, dim=-1)
+
+    def _candidates(self, hidden: torch.Tensor, logits: torch.Tensor, ids: Optional[torch.Tensor]):
+        """Each position's top-k candidates and what scoring them needs: (unary logits [N, b, k],
+        likeliest first; candidate ids [N, b, k]; P h [N, b, R]; the candidates' successor codes
+        [N, b, k, R])."""
         k = min(self.top_k, logits.shape[-1])
-        unary, candidates = logits.float().topk(k, dim=-1)              # [N, b, k], likeliest first
+        unary, candidates = logits.float().topk(k, dim=-1)
         if ids is not None:
             candidates = ids[candidates]
-        projected = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype)).float()  # [N, b, R]
-        successors = self.successor_codebook[candidates].float()        # [N, b, k, R]
-        n, b = hidden.shape[:2]
-        greedy = self.walk(anchors, hidden, logits, ids).tokens        # [N, b]
-        paths = anchors[:, None, None]                                   # [N, beams, i + 1]: anchor, then drafts
-        greedy_logp = torch.zeros(n, device=hidden.device)
-        beam_logp = torch.zeros(n, 1, device=hidden.device)
-        for i in range(b):
-            query = self.predecessor_codebook[paths[:, :, -1]].float() * projected[:, i, None]        # [N, B, R]
-            logq = torch.log_softmax(unary[:, i, None] + query @ successors[:, i].transpose(1, 2), -1)  # [N, B, k]
-            total = (beam_logp[..., None] + logq).flatten(1)                                          # [N, B * k]
-            beam_logp, best = total.topk(min(width, total.shape[1]), dim=-1)
-            beam, slot = best // k, best % k
-            paths = torch.cat([paths.gather(1, beam[..., None].expand(-1, -1, paths.shape[2])),
-                               candidates[:, i].gather(1, slot)[..., None]], dim=2)
-            # the chain's own log-probability: it took the best-scoring candidate after its predecessor
-            previous = anchors if i == 0 else greedy[:, i - 1]
-            chain_query = self.predecessor_codebook[previous].float() * projected[:, i]
-            scores = unary[:, i] + (successors[:, i] @ chain_query[:, :, None])[..., 0]
-            greedy_logp += torch.log_softmax(scores, -1).amax(-1)
-        tokens = torch.cat([greedy[:, None], paths[:, :, 1:]], dim=1)
-        probs = torch.softmax(torch.cat([greedy_logp[:, None], beam_logp], dim=1), dim=-1)
-        return tokens, probs
+        projected = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype)).float()
+        return unary, candidates, projected, self.successor_codebook[candidates].float()
+
+    def _scores(self, unary: torch.Tensor, successors: torch.Tensor, projected: torch.Tensor,
+                previous: torch.Tensor) -> torch.Tensor:
+        """The scores [N, B, k] of one position's candidates after each of B predecessors
+        `previous` [N, B]: unary [N, k] + < A[previous] * (P h) [N, R], B[candidate] [N, k, R] >."""
+        query = self.predecessor_codebook[previous].float() * projected[:, None]   # [N, B, R]
+        return unary[:, None] + (successors @ query.transpose(1, 2)).transpose(1, 2)
 
 
 def draft_logits(logits: torch.Tensor, multiplier: float, softcap: Optional[float]) -> torch.Tensor:
