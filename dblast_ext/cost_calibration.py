@@ -24,15 +24,21 @@ from .adaptive import STEADY_UNSEEN, CostTable, ScriptedDepth, cost_table_path, 
 
 __all__ = ["calibrate_costs", "ensure_costs", "cached_table", "cost_key", "smooth_costs", "CALIBRATION_PROMPT_TOKENS", "CALIBRATION_REPEATS"]
 
-# the synthetic prompt's length (a typical context for a chat turn) and the times each depth is timed
+# the synthetic prompt's length (a typical context for a chat turn) and the times each depth is timed:
+# with 3, one table kept a depth slope three times the true one (1.26 ms per depth for the demo's
+# trie, against 0.32-0.54 in eight later calibrations), and the controller cut the trie too short
+# for a whole session; 8 medians fit within about 0.1 ms per depth
 CALIBRATION_PROMPT_TOKENS = 128
-CALIBRATION_REPEATS = 3
+CALIBRATION_REPEATS = 8
 # untimed rounds of every depth first: the first cycles validate their inputs, and every new shape
 # allocates and (on a CPU) builds its kernels once; timing those made a cycle look twice its cost
 WARM_UP_ROUNDS = 2
 # the catch-up cost: a drafting cycle after this many plain steps, timed this many times
 CATCH_UP_STEPS = 16
 CATCH_UP_REPEATS = 2
+# part of every table's key, raised when the loop's own cycle costs change, so tables measured
+# before are measured again (2: CPU attention on grouped K/V heads, 8 timings per depth)
+LOOP_COSTS_REVISION = 2
 
 
 class _ScheduleDone(Exception):
@@ -137,6 +143,7 @@ def cost_key(decoder) -> Dict[str, object]:
     drafter = getattr(proposer, "drafter", None)
     draft_ids = getattr(proposer, "draft_ids", None)
     return {
+        "loop_costs_revision": LOOP_COSTS_REVISION,
         "machine": machine_description(),
         "device": str(decoder.target.device.type if hasattr(decoder.target.device, "type") else decoder.target.device),
         "torch": torch.__version__,

@@ -627,15 +627,14 @@ class SpeculativeDecoder:
         drawn = self._sample(logits[0], uniforms[trie.depths].to(device), trie.child_tokens(device), sampling,
                              validate)                                                  # 4. draw and walk
         walk = trie.walk(drawn.tokens.tolist(), drawn.query_probs.tolist())
-        rows = torch.tensor(walk.rows, dtype=torch.int64, device=device)
-        self.target.keep_rows(target_cache, start, rows)                                # 5. keep the path
+        self.target.keep_rows(target_cache, start, walk.rows)                           # 5. keep the path
         accepted = len(walk.tokens) - 1
         record = CycleRecord(accepted, walk.expected_accepted, walk.branches[0], prior, t1 - t0,
                              time.perf_counter() - t1, walk.branches, trie.num_nodes, walk.branch_rule_expected,
                              drafts=depth)
         reach = [1.0] + walk.depth_reach
         acceptance = [reach[i + 1] / reach[i] if reach[i] > 0 else math.nan for i in range(len(walk.depth_reach))]
-        return record, walk.tokens, features[:, rows], acceptance
+        return record, walk.tokens, features[:, walk.rows], acceptance
 
     def _sample(self, logits: torch.Tensor, uniforms: torch.Tensor, query_tokens: torch.Tensor,
                 sampling: SamplingParams, validate: bool):

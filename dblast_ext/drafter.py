@@ -313,21 +313,43 @@ class DBlastDrafter(nn.Module):
         position, likeliest first, and their probabilities (softmax over those rows):
         ([N, K, b, m] int64, [N, K, b, m] float32)."""
         head = lm_head_weight[:vocab_size]
-        drafts, expander = self._head_inputs(block_hidden, head.dtype)
         # h_z = h + W_z h + b_z as dblast::branch_argmax expands it (float32), then the head in its own dtype
+        drafts, expander = self._head_inputs(block_hidden, head.dtype, torch.promote_types(head.dtype, torch.float32))
         states = reference.branch_states(drafts, *expander).to(head.dtype)      # [N * b, K, H]
         logits = (states @ head.T).float()                                       # [N * b, K, V']
         probs, tokens = torch.softmax(logits, dim=-1).topk(min(m, head.shape[0]), dim=-1)
         return self._per_branch(tokens, block_hidden), self._per_branch(probs, block_hidden)
 
-    def _head_inputs(self, block_hidden: torch.Tensor, dtype: torch.dtype):
-        """The draft rows [N * b, H] (block positions 1..B-1) and the branch expander (None, None
-        at K = 1), in the head's dtype: what the fused expander + LM head takes."""
+    def _head_inputs(self, block_hidden: torch.Tensor, dtype: torch.dtype,
+                     expander_dtype: Optional[torch.dtype] = None):
+        """The draft rows [N * b, H] (block positions 1..B-1) in the head's dtype, and the branch
+        expander (None, None at K = 1) rounded to that dtype, then held in `expander_dtype` (default:
+        the same): what the fused expander + LM head takes."""
         rows, block, width = block_hidden.shape
         drafts = block_hidden[:, 1:].reshape(rows * (block - 1), width).to(dtype)
-        expander = ((self.branch_expander.weight.to(dtype), self.branch_expander.bias.to(dtype))
-                    if self.num_branches > 1 else (None, None))
-        return drafts, expander
+        if self.num_branches == 1:
+            return drafts, (None, None)
+        return drafts, self._expander_as(dtype, expander_dtype or dtype)
+
+    def _expander_as(self, dtype: torch.dtype, held: torch.dtype):
+        """(W_z, b_z) rounded to `dtype` and held in `held`. Converting the [K * H, H] weight every
+        cycle cost about 1 ms on a CPU (2% of a trie cycle), so outside autograd the converted pair
+        is kept while the parameters keep their storage and version (an optimizer step or a load
+        makes it anew)."""
+        weight, bias = self.branch_expander.weight, self.branch_expander.bias
+        convert = lambda t: t.detach().to(dtype).to(held)  # noqa: E731
+        if torch.is_grad_enabled() and weight.requires_grad:
+            return weight.to(dtype).to(held), bias.to(dtype).to(held)
+        if torch.compiler.is_compiling():  # a traced cycle converts once per graph, and cannot compare pointers
+            return convert(weight), convert(bias)
+        try:
+            key = (weight.data_ptr(), weight._version, bias.data_ptr(), bias._version, weight.device, dtype, held)
+        except RuntimeError:  # inference tensors have no version counter: nothing tells a change, so no keeping
+            return convert(weight), convert(bias)
+        kept = getattr(self, "_expander_kept", None)
+        if kept is None or kept[0] != key:
+            kept = self._expander_kept = (key, (convert(weight), convert(bias)))
+        return kept[1]
 
     def _per_branch(self, per_row: torch.Tensor, block_hidden: torch.Tensor) -> torch.Tensor:
         """[N * b, K, ...] (row-major over the draft rows) -> [N, K, b, ...]."""

@@ -10,7 +10,8 @@ take the controller's decision as a function of the batch size, from the same tw
   verifying the whole block on the built-in demo prompts at temperature 0;
 
 drafts(n) = argmax_d E(d) / C(n, d) (dblast_ext.adaptive), capped at the drafts per step the
-server was asked for. Measured once per machine, pair and settings and cached beside the cost
+server was asked for (and, as the controller decides, the cap itself unless another depth is
+expected to be faster by more than adaptive.DEPARTURE_MARGIN). Measured once per machine, pair and settings and cached beside the cost
 tables.
 """
 import hashlib
@@ -19,7 +20,7 @@ import math
 import os
 from typing import List, Optional, Sequence
 
-from .adaptive import CostTable, FixedDepth, cost_cache_root, expected_committed, machine_description
+from .adaptive import DEPARTURE_MARGIN, CostTable, FixedDepth, cost_cache_root, expected_committed, machine_description
 
 __all__ = ["batch_schedule", "measure_acceptance", "pair_schedule", "vllm_has_batch_schedule", "MAX_SCHEDULED_BATCH"]
 
@@ -32,7 +33,8 @@ ACCEPTANCE_TOKENS = 64
 def batch_schedule(table: CostTable, acceptance: Sequence[float], max_drafts: int,
                    max_batch: int = MAX_SCHEDULED_BATCH) -> List[List[int]]:
     """[[first, last, drafts], ...]: for every batch size n in 1..max_batch the depth d <=
-    max_drafts of the most expected committed tokens per second, E(d) / C(n, d), in ranges
+    max_drafts of the most expected committed tokens per second, E(d) / C(n, d) (max_drafts
+    unless another is faster by more than DEPARTURE_MARGIN), in ranges
     of equal depth (the last one open-ended: up to 2**31 - 1)."""
     if max_drafts < 1:
         raise ValueError(f"max_drafts must be >= 1, got {max_drafts}")
@@ -42,8 +44,11 @@ def batch_schedule(table: CostTable, acceptance: Sequence[float], max_drafts: in
     ranges: List[List[int]] = []
     for n in range(1, max_batch + 1):
         costs = table.chain_costs(n)
-        depth = max(range(min(max_drafts, len(costs) - 1) + 1),
-                    key=lambda d: (expected_committed(acceptance, d) / costs[d], -d))
+        deepest = min(max_drafts, len(costs) - 1)
+        rates = [expected_committed(acceptance, d) / costs[d] for d in range(deepest + 1)]
+        depth = max(range(deepest + 1), key=lambda d: (rates[d], -d))
+        if rates[depth] < rates[deepest] * (1 + DEPARTURE_MARGIN):  # as the controller: within the model's error
+            depth = deepest
         if ranges and ranges[-1][2] == depth:
             ranges[-1][1] = n
         else:

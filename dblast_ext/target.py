@@ -3,10 +3,17 @@ unmodified, plus the shims that keep one code path working across transformers v
 (the cache argument's name, keeping only the last position's logits).
 
 Loading a target from disk is `target_loading`; this module only wraps a loaded model."""
+import contextlib
 import inspect
+import os
 from typing import Sequence
 
 import torch
+
+# transformers' switch for handing sdpa the grouped K/V heads as they are (`enable_gqa`) where it
+# would otherwise repeat them to the query heads; read at every attention call (transformers >= 5,
+# ignored by older versions)
+FORCE_GQA_SWITCH = "TRANSFORMERS_SDPA_FORCE_GQA"
 
 
 def cache_argument(model) -> str:
@@ -24,6 +31,25 @@ def last_position_logits_arguments(model) -> dict:
         if name in parameters:
             return {name: 1}
     return {}
+
+
+@contextlib.contextmanager
+def grouped_heads_under_masks(device: torch.device):
+    """Around a forward with an attention mask on a CPU: transformers repeats a grouped-query
+    model's K/V heads to every query head before sdpa whenever a mask is given (CUDA's fused
+    kernels take grouped heads only without one), a copy of the whole cache in every layer. Torch's
+    CPU kernel takes grouped heads with a mask and gives the same values (a test checks), so the
+    switch is set for the forward and restored after it: 1.5 ms of a 58 ms trie cycle of the
+    embedded pair. Left alone on other devices, where the user set the switch, and inside
+    torch.compile (which cannot trace a change of the environment, and fuses the repetition)."""
+    if device.type != "cpu" or FORCE_GQA_SWITCH in os.environ or torch.compiler.is_compiling():
+        yield
+        return
+    os.environ[FORCE_GQA_SWITCH] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(FORCE_GQA_SWITCH, None)
 
 
 class TargetAdapter:
@@ -61,8 +87,9 @@ class TargetAdapter:
         extra = dict(self._last_logits_kwargs) if last_logits_only else {}
         if attention_mask is not None:
             extra.update(attention_mask=attention_mask, position_ids=position_ids)
-        out = self.model(input_ids=input_ids, use_cache=True, output_hidden_states=hidden_states,
-                         **{self._cache_arg: cache}, **extra)
+        with grouped_heads_under_masks(input_ids.device):
+            out = self.model(input_ids=input_ids, use_cache=True, output_hidden_states=hidden_states,
+                             **{self._cache_arg: cache}, **extra)
         if not hidden_states:
             return out.logits, None
         return out.logits, self.features(out.hidden_states)
@@ -71,20 +98,29 @@ class TargetAdapter:
         """One forward over a token tree (dblast_ext.trie): explicit positions and a 4D additive
         mask, which transformers uses as given. Every row's logits and features; the cache gains
         every row's keys and values, to be narrowed with `keep_rows`."""
-        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                         use_cache=True, output_hidden_states=True, **{self._cache_arg: cache})
+        with grouped_heads_under_masks(input_ids.device):
+            out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                             use_cache=True, output_hidden_states=True, **{self._cache_arg: cache})
         return out.logits, self.features(out.hidden_states)
 
     @staticmethod
-    def keep_rows(cache, start: int, rows: torch.Tensor) -> None:
+    def keep_rows(cache, start: int, rows) -> None:
         """Keeps the cache's first `start` tokens, then the entries at start + rows (a tree
-        forward's committed path, in order) and nothing after: a gather along the sequence of
-        every layer. Sliding-window layers keep a ring, which a gather cannot narrow: refused."""
+        forward's committed path, in order: a list of ints or an int64 tensor) and nothing after: a
+        gather along the sequence of every layer, or a crop where the path is the forward's first
+        rows (the root alone: half the cycles at T 1). Sliding-window layers keep a ring, which a
+        gather cannot narrow: refused."""
         for index, layer in enumerate(cache.layers):
             if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
                 raise NotImplementedError(f"tree verification needs full-attention cache layers; layer {index} is "
                                           f"{type(layer).__name__} (sliding window)")
-            keep = len(rows)
+        keep = len(rows)
+        if not torch.is_tensor(rows):
+            if list(rows) == list(range(keep)):
+                TargetAdapter.crop(cache, start + keep)
+                return
+            rows = torch.tensor(rows, dtype=torch.int64, device=cache.layers[0].keys.device)
+        for layer in cache.layers:
             layer.keys[..., start : start + keep, :] = layer.keys[..., start + rows, :]
             layer.values[..., start : start + keep, :] = layer.values[..., start + rows, :]
             layer.keys = layer.keys[..., : start + keep, :]

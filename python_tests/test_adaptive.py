@@ -70,6 +70,25 @@ def test_a_depth_that_became_good_again_is_found():
     assert controller.depth() == 3
 
 
+
+def test_it_leaves_the_whole_block_only_for_a_gain_beyond_the_margin():
+    """Flat costs past the first draft and late positions rarely accepted: a shallower depth is
+    predicted a little faster. Within DEPARTURE_MARGIN the controller keeps the whole block (as
+    fixed drafting); with a steeper cost curve the same acceptance makes the cut worth taking."""
+    acceptance = [0.6, 0.5, 0.3, 0.1, 0.05, 0.05, 0.05]
+    flat = [1.0, 1.3, 1.305, 1.31, 1.315, 1.32, 1.325, 1.33]
+    controller = AdaptiveDepth()
+    controller.start(1, 7, flat)
+    observe_rows(controller, 1, 7, acceptance, 40)
+    rates = controller.rates()
+    assert max(rates) > rates[7]  # a cut is predicted faster ...
+    assert max(rates) < rates[7] * (1 + adaptive.DEPARTURE_MARGIN)  # ... by less than the margin
+    assert controller.best_depth() == 7
+    steep = AdaptiveDepth()
+    steep.start(1, 7, [1.0, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9])
+    observe_rows(steep, 1, 7, acceptance, 40)
+    assert 0 < steep.best_depth() < 7
+
 def test_a_batch_decodes_plainly_where_verification_costs_more_than_it_commits():
     controller = AdaptiveDepth()
     controller.start(16, 3, [1.0, 2.5, 3.5, 4.5])  # a big batch: every verified position costs as much as a step

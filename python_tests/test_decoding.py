@@ -341,3 +341,28 @@ def test_the_gathered_head_follows_the_model_to_another_dtype(tmp_path):
     assert torch.equal(tokens, dec.draft_ids[local]) and torch.equal(ranked_probs, probs)
     expected = hf_greedy(dec.target.model, PROMPT, 12)
     assert dec.generate(PROMPT, SamplingParams(temperature=0.0), max_new_tokens=12).token_ids == expected
+
+
+
+def test_the_kept_branch_expander_follows_the_weights(tmp_path):
+    """The expander converted for the head's dtype is kept between cycles: a change of the
+    weights (an optimizer step, a load) must reach the drafts, and keeping must not change them."""
+    dec = make_decoder(tmp_path, branches=4, block_size=4, draft_vocab=20)
+    drafter = dec.drafter
+    rows = dec.target.lm_head_weight.index_select(0, dec.draft_ids).to(torch.bfloat16)
+    hidden = torch.randn(2, 4, drafter.config.hidden_size)
+
+    def fresh():  # the ranking with the expander converted now, as before keeping
+        drafts = hidden[:, 1:].reshape(-1, hidden.shape[-1]).to(rows.dtype)
+        states = reference.branch_states(drafts, drafter.branch_expander.weight.to(rows.dtype),
+                                         drafter.branch_expander.bias.to(rows.dtype)).to(rows.dtype)
+        return (states @ rows.T).float().topk(3, dim=-1).indices
+
+    with torch.no_grad():
+        for _ in range(2):  # converted, then kept
+            local, _ = drafter.ranked_branch_tokens(hidden, rows, len(rows), 3)
+            assert torch.equal(local, drafter._per_branch(fresh(), hidden))
+        drafter.branch_expander.weight.mul_(-3.0)  # in place: same storage, a new version
+        changed, _ = drafter.ranked_branch_tokens(hidden, rows, len(rows), 3)
+        assert torch.equal(changed, drafter._per_branch(fresh(), hidden))
+        assert not torch.equal(changed, local)

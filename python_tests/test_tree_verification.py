@@ -1,5 +1,9 @@
 """Trie verification (verify="tree", dblast_ext.trie): the trie, the tree-masked target pass,
 the kept cache, and the losslessness of the walk on tiny random Qwen3 / Llama targets."""
+import contextlib
+import inspect
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -235,6 +239,73 @@ def test_keeping_the_walked_path_leaves_the_cache_of_the_committed_tokens(family
         plain = target(torch.tensor([context + [PROMPT[-1], 11, 14, 77]])).logits[0, -1]
     torch.testing.assert_close(after[0, -1], plain, rtol=1e-4, atol=1e-4)
 
+
+
+@pytest.mark.parametrize("rows", [[0], [0, 1, 2], [0, 2], [0, 1, 3]])
+def test_keeping_rows_given_as_a_list_equals_the_gather(rows):
+    """The decode loop hands the walk's rows as a list: a path of the forward's first rows (the
+    root alone, or a chain laid out first) is kept by a crop, any other by the gather; the cache
+    left is the gather's either way."""
+    target = tiny_target("qwen3", vocab_size=100, layers=3)
+    from dblast_ext.target import TargetAdapter
+    adapter = TargetAdapter(target, [0, 2])
+    trie = build_trie([[11, 12, 13], [11, 14, 15], [16, 12, 13]], [0.5, 0.3, 0.2])
+    trie.tokens[0] = PROMPT[-1]
+    context = PROMPT[:-1]
+    caches = []
+    with torch.no_grad():
+        for given in (torch.tensor(rows), rows):
+            cache = adapter.new_cache()
+            adapter.forward(torch.tensor([context]), cache)
+            adapter.forward_tree(torch.tensor([trie.tokens]), cache, trie.positions(len(context), "cpu"),
+                                 trie.attention_mask(len(context), torch.float32, "cpu"))
+            adapter.keep_rows(cache, len(context), given)
+            caches.append(cache)
+    for gathered, kept in zip(caches[0].layers, caches[1].layers):
+        assert kept.keys.shape[-2] == len(context) + len(rows)
+        assert torch.equal(gathered.keys, kept.keys) and torch.equal(gathered.values, kept.values)
+
+
+
+def test_a_cpu_tree_forward_hands_sdpa_the_grouped_heads_and_restores_the_switch(monkeypatch):
+    """Under a 4D mask transformers would repeat the K/V heads (tiny targets: 4 query heads on 2
+    K/V heads); the adapter's CPU forwards set transformers' switch for their duration so sdpa
+    takes the grouped heads: the same logits and features bit for bit, no repetition where the
+    switch is read (transformers 5), and the environment as it was afterwards."""
+    from dblast_ext import target as target_module
+    from dblast_ext.target import FORCE_GQA_SWITCH, TargetAdapter
+    monkeypatch.delenv(FORCE_GQA_SWITCH, raising=False)
+    model = tiny_target("qwen3", vocab_size=100, layers=3)
+    model.config._attn_implementation = "sdpa"
+    adapter = TargetAdapter(model, [0, 2])
+    trie = build_trie([[11, 12, 13], [11, 14, 15], [16, 12, 13]], [0.5, 0.3, 0.2])
+    trie.tokens[0] = PROMPT[-1]
+    context = PROMPT[:-1]
+
+    def tree_forward():
+        with torch.no_grad():
+            cache = adapter.new_cache()
+            adapter.forward(torch.tensor([context]), cache)
+            return adapter.forward_tree(torch.tensor([trie.tokens]), cache, trie.positions(len(context), "cpu"),
+                                        trie.attention_mask(len(context), torch.float32, "cpu"))
+
+    with monkeypatch.context() as patched:  # as transformers runs it without the switch
+        patched.setattr(target_module, "grouped_heads_under_masks", lambda device: contextlib.nullcontext())
+        repeated = tree_forward()
+    with monkeypatch.context() as patched:  # a switch the user set is theirs
+        patched.setenv(FORCE_GQA_SWITCH, "0")
+        tree_forward()
+        assert os.environ[FORCE_GQA_SWITCH] == "0"
+    sdpa = pytest.importorskip("transformers.integrations.sdpa_attention")
+    if "TRANSFORMERS_SDPA_FORCE_GQA" in inspect.getsource(sdpa.use_gqa_in_sdpa):  # transformers reads it
+
+        def no_repeat(*args):
+            raise AssertionError("the K/V heads were repeated")
+        monkeypatch.setattr(sdpa, "repeat_kv", no_repeat)
+    grouped = tree_forward()
+    assert FORCE_GQA_SWITCH not in os.environ
+    for a, b in zip(repeated, grouped):
+        assert torch.equal(a, b)
 
 # --- the decode loop ---------------------------------------------------------------------------
 
