@@ -10,9 +10,9 @@ take the controller's decision as a function of the batch size, from the same tw
   verifying the whole block on the built-in demo prompts at temperature 0;
 
 drafts(n) = argmax_d E(d) / C(n, d) (dblast_ext.adaptive), capped at the drafts per step the
-server was asked for (and, as the controller decides, the cap itself unless another depth is
-expected to be faster by more than adaptive.DEPARTURE_MARGIN). Measured once per machine, pair and settings and cached beside the cost
-tables.
+server was asked for (and, as the controller decides, a depth between 0 and the cap only where it
+is expected to be faster than the cap by more than adaptive.DEPARTURE_MARGIN). Measured once per
+machine, pair and settings and cached beside the cost tables.
 """
 import hashlib
 import json
@@ -33,8 +33,8 @@ ACCEPTANCE_TOKENS = 64
 def batch_schedule(table: CostTable, acceptance: Sequence[float], max_drafts: int,
                    max_batch: int = MAX_SCHEDULED_BATCH) -> List[List[int]]:
     """[[first, last, drafts], ...]: for every batch size n in 1..max_batch the depth d <=
-    max_drafts of the most expected committed tokens per second, E(d) / C(n, d) (max_drafts
-    unless another is faster by more than DEPARTURE_MARGIN), in ranges
+    max_drafts of the most expected committed tokens per second, E(d) / C(n, d) (0 < d < max_drafts
+    only where faster than max_drafts by more than DEPARTURE_MARGIN), in ranges
     of equal depth (the last one open-ended: up to 2**31 - 1)."""
     if max_drafts < 1:
         raise ValueError(f"max_drafts must be >= 1, got {max_drafts}")
@@ -47,7 +47,7 @@ def batch_schedule(table: CostTable, acceptance: Sequence[float], max_drafts: in
         deepest = min(max_drafts, len(costs) - 1)
         rates = [expected_committed(acceptance, d) / costs[d] for d in range(deepest + 1)]
         depth = max(range(deepest + 1), key=lambda d: (rates[d], -d))
-        if rates[depth] < rates[deepest] * (1 + DEPARTURE_MARGIN):  # as the controller: within the model's error
+        if 0 < depth and rates[depth] < rates[deepest] * (1 + DEPARTURE_MARGIN):  # as the controller decides
             depth = deepest
         if ranges and ranges[-1][2] == depth:
             ranges[-1][1] = n

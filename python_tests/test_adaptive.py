@@ -74,7 +74,8 @@ def test_a_depth_that_became_good_again_is_found():
 def test_it_leaves_the_whole_block_only_for_a_gain_beyond_the_margin():
     """Flat costs past the first draft and late positions rarely accepted: a shallower depth is
     predicted a little faster. Within DEPARTURE_MARGIN the controller keeps the whole block (as
-    fixed drafting); with a steeper cost curve the same acceptance makes the cut worth taking."""
+    fixed drafting); with a steeper cost curve the same acceptance makes the cut worth taking; a
+    plain step is taken on the argmax alone."""
     acceptance = [0.6, 0.5, 0.3, 0.1, 0.05, 0.05, 0.05]
     flat = [1.0, 1.3, 1.305, 1.31, 1.315, 1.32, 1.325, 1.33]
     controller = AdaptiveDepth()
@@ -88,6 +89,14 @@ def test_it_leaves_the_whole_block_only_for_a_gain_beyond_the_margin():
     steep.start(1, 7, [1.0, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9])
     observe_rows(steep, 1, 7, acceptance, 40)
     assert 0 < steep.best_depth() < 7
+    # a plain step is not held to the margin: predicted 1% faster than the whole block, it is taken
+    committed = [r * c for r, c in zip(controller.rates(), flat)]  # E(d), as the controller predicts it
+    plain = AdaptiveDepth()
+    plain.start(1, 7, [1.0] + [e * 1.01 for e in committed[1:]])  # every drafting depth 1% slower than a plain step
+    observe_rows(plain, 1, 7, acceptance, 40)
+    rates = plain.rates()
+    assert rates[0] == max(rates) and rates[0] < rates[7] * (1 + adaptive.DEPARTURE_MARGIN)
+    assert plain.best_depth() == 0
 
 def test_a_batch_decodes_plainly_where_verification_costs_more_than_it_commits():
     controller = AdaptiveDepth()

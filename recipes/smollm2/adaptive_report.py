@@ -128,10 +128,10 @@ def main():
         speedup_plot(runs, temperatures, os.path.join(args.out, "speedup.png"))
         lines += ["![speed-up per cell, adaptive and fixed](speedup.png)", ""]
         cells = [(t, d) for t, d in (("0.7", "gsm8k"), ("1.0", "humaneval"), ("1.5", "mtbench"))
-                 if (t, "adaptive") in runs]
+                 if os.path.isfile(os.path.join(args.runs, "speed", f"{args.arm}-T{t}-adaptive", "records.jsonl"))]
         if cells:
             depth_plot(args.runs, args.arm, cells, os.path.join(args.out, "depth.png"))
-            lines += ["The depth the controller chose, cycle by cycle, over the longest response of three cells "
+            lines += ["The depth the controller chose, cycle by cycle, over the longest response of each cell "
                       "(0: a plain target step):", "", "![chosen depth over a response](depth.png)", ""]
         for (t, controller), summary in runs.items():  # the summaries travel with the page
             folder = os.path.join(args.out, f"{args.arm}-T{t}-{controller}")
