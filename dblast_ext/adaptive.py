@@ -179,6 +179,7 @@ class AdaptiveDepth:
         self.catch_up_curve = None
         self.rows: List[List[float]] = []    # per active row: a[j] estimates
         self.weights: List[List[float]] = []  # per active row: what a[j]'s estimate is worth, in observations
+        self.observed: List[List[bool]] = []  # per active row: whether a cycle has verified position j yet
         self.max_depth = 0
         self.cycle = 0
         self.since_probe = 0
@@ -201,6 +202,7 @@ class AdaptiveDepth:
         self.max_depth = max_depth
         self.rows = [[PRIOR_ACCEPTANCE] * max_depth for _ in range(rows)]
         self.weights = [[float(PRIOR_WEIGHT)] * max_depth for _ in range(rows)]
+        self.observed = [[False] * max_depth for _ in range(rows)]
         self.cycle = 0
         self.since_probe = 0
         self.chosen = []
@@ -208,12 +210,15 @@ class AdaptiveDepth:
     def rates(self) -> List[float]:
         """The expected committed tokens per second over the active rows at each depth d."""
         committed = [float(len(self.rows))] * (self.max_depth + 1)  # sum_r E_r(d), each row's bonus token
-        for row, weights in zip(self.rows, self.weights):  # E_r(d) - 1 = sum_{i<=d} prod_{j<=i} a[j]
+        # E_r(d) - 1 = sum_{i<=d} prod_{j<=i} a[j]
+        for row, weights, observed in zip(self.rows, self.weights, self.observed):
             survive, reached = 1.0, 0.0
             for j, a in enumerate(row[: self.max_depth]):
                 # an estimate worth few observations gets the benefit of the doubt (OPTIMISM), so a
-                # position not verified for a while (its weight faded) is tried again
-                survive *= min(1.0, a + OPTIMISM / math.sqrt(weights[j] + 1))
+                # position not verified for a while (its weight faded) is tried again; the prior before
+                # any observation gets none: at batch 16 its bonus alone made the first cycles draft
+                bonus = OPTIMISM / math.sqrt(weights[j] + 1) if observed[j] else 0.0
+                survive *= min(1.0, a + bonus)
                 reached += survive
                 committed[j + 1] += reached
         return [c / cost for c, cost in zip(committed, self.costs)]
@@ -287,18 +292,20 @@ class AdaptiveDepth:
         if len(acceptance) != len(self.rows):
             raise ValueError(f"acceptance has {len(acceptance)} rows, the controller tracks {len(self.rows)}")
         keep = 1 - self.alpha
-        for estimates, weights, observed in zip(self.rows, self.weights, acceptance):
+        for estimates, weights, seen, observed in zip(self.rows, self.weights, self.observed, acceptance):
             for i in range(len(weights)):  # every cycle, observed or not, old evidence counts for less
                 weights[i] *= keep
             for j, a in enumerate(observed[:depth]):
                 if math.isnan(a):
                     continue
+                seen[j] = True
                 weights[j] += 1
                 estimates[j] += (a - estimates[j]) / weights[j]
 
     def select(self, keep: Sequence[int]) -> None:
         self.rows = [self.rows[i] for i in keep]
         self.weights = [self.weights[i] for i in keep]
+        self.observed = [self.observed[i] for i in keep]
         if self.cost_curve is not None and keep:
             self.costs = list(self.cost_curve(len(keep)))
         if self.catch_up_curve is not None and keep:
