@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Protocol, Sequence
 
 __all__ = ["DepthController", "FixedDepth", "ScriptedDepth", "AdaptiveDepth", "CostTable", "expected_committed",
-           "cost_table_path", "CONTROLLERS", "ALPHA", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT", "PROBE_BUDGET",
-           "DEPARTURE_MARGIN"]
+           "chosen_depth", "cost_table_path", "CONTROLLERS", "ALPHA", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT",
+           "PROBE_BUDGET", "DEPARTURE_MARGIN"]
 
 # forgetting rate of the running averages: every cycle what an estimate is worth (in observations)
 # shrinks by this share, so in steady drafting a new observation weighs about ALPHA, and after a
@@ -74,7 +74,7 @@ PROBE_DEPTH_SLACK = 1.5
 # pair) only for a predicted gain above this share: below it the prediction is within the model's
 # own error (a cut trie spends its node budget at shallower depths, which the per-position averages
 # do not see; on the demo's prompts at T 1.0, six seeds, bfloat16 trie, a trie cut at depth 3 and
-# the whole block ran within 2% of each other). Plain steps are not held to it (`_best`)
+# the whole block ran within 2% of each other). Plain steps are not held to it (`chosen_depth`)
 DEPARTURE_MARGIN = 0.03
 # context tokens per row a drafting cycle's measured cost already includes (the previous cycle's
 # committed tokens): the catch-up cost counts only the unseen tokens beyond these
@@ -159,6 +159,21 @@ def expected_committed(acceptance: Sequence[float], depth: int) -> float:
     return total
 
 
+def chosen_depth(rates: Sequence[float]) -> int:
+    """The depth to verify given the expected committed tokens per second at each depth d = 0..D
+    (`rates[d]`, D = the whole block): the argmax (ties: the shallower); where that is a cut block
+    (0 < d < D) gaining at most DEPARTURE_MARGIN over the whole block, the whole block (a gain
+    within the model's error, as fixed drafting). A plain step is taken on the argmax alone: it
+    commits one token and costs a target step, both known, so the margin would only keep drafting
+    where it does not pay. The controller's decision and the vLLM batch schedule's."""
+    best, best_rate = 0, -1.0
+    for d, rate in enumerate(rates):
+        if rate > best_rate * (1 + 1e-9):  # ties: the shallower
+            best, best_rate = d, rate
+    whole = len(rates) - 1
+    return whole if 0 < best and best_rate < rates[whole] * (1 + DEPARTURE_MARGIN) else best
+
+
 class AdaptiveDepth:
     """d* = argmax_d sum_r E_r(d) / C(d) each cycle (module docstring), from running averages of
     each row's conditional acceptance and the cost curve `start` is given (C(d), d = 0..D, at the
@@ -223,26 +238,10 @@ class AdaptiveDepth:
                 committed[j + 1] += reached
         return [c / cost for c, cost in zip(committed, self.costs)]
 
-    @staticmethod
-    def _argmax(rates: List[float]) -> int:
-        best, best_rate = 0, -1.0
-        for d, rate in enumerate(rates):
-            if rate > best_rate * (1 + 1e-9):  # ties: the shallower
-                best, best_rate = d, rate
-        return best
-
-    def _best(self, rates: List[float]) -> int:
-        """argmax_d of `rates`; where that is a cut block (0 < d < D) gaining at most
-        DEPARTURE_MARGIN over the whole block, the whole block (a gain within the model's error, as
-        fixed drafting). A plain step is taken on the argmax alone: it commits one token and costs a
-        target step, both known, so the margin would only keep drafting where it does not pay."""
-        d = self._argmax(rates)
-        return self.max_depth if 0 < d and rates[d] < rates[self.max_depth] * (1 + DEPARTURE_MARGIN) else d
-
     def best_depth(self) -> int:
         """The depth of the highest expected committed tokens per second over the active rows
         (a cut block only where it beats the whole block by more than DEPARTURE_MARGIN)."""
-        return self._best(self.rates())
+        return chosen_depth(self.rates())
 
     def catch_up_cost(self, unseen: int) -> float:
         """Seconds the next drafter pass spends on context beyond a drafting cycle's own: the
@@ -275,7 +274,7 @@ class AdaptiveDepth:
     def depth(self, unseen: int = 0, remaining: int = 0) -> int:
         """The depth of the next cycle; `unseen` and `remaining` as in DepthController."""
         rates = self.rates()
-        d = self._best(rates)
+        d = chosen_depth(rates)
         catch_up = self.catch_up_cost(unseen)
         if d > 0 and catch_up > 0 and not self.catch_up_pays(rates, d, catch_up, remaining):
             d = 0  # drafting would pay per cycle, but not for reading what it has not seen

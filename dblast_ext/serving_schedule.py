@@ -20,7 +20,7 @@ import math
 import os
 from typing import List, Optional, Sequence
 
-from .adaptive import DEPARTURE_MARGIN, CostTable, FixedDepth, cost_cache_root, expected_committed, machine_description
+from .adaptive import CostTable, FixedDepth, chosen_depth, cost_cache_root, expected_committed, machine_description
 
 __all__ = ["batch_schedule", "measure_acceptance", "pair_schedule", "vllm_has_batch_schedule", "MAX_SCHEDULED_BATCH"]
 
@@ -45,10 +45,7 @@ def batch_schedule(table: CostTable, acceptance: Sequence[float], max_drafts: in
     for n in range(1, max_batch + 1):
         costs = table.chain_costs(n)
         deepest = min(max_drafts, len(costs) - 1)
-        rates = [expected_committed(acceptance, d) / costs[d] for d in range(deepest + 1)]
-        depth = max(range(deepest + 1), key=lambda d: (rates[d], -d))
-        if 0 < depth and rates[depth] < rates[deepest] * (1 + DEPARTURE_MARGIN):  # as the controller decides
-            depth = deepest
+        depth = chosen_depth([expected_committed(acceptance, d) / costs[d] for d in range(deepest + 1)])
         if ranges and ranges[-1][2] == depth:
             ranges[-1][1] = n
         else:
