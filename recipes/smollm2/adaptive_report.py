@@ -30,6 +30,7 @@ def parse_args():
     p.add_argument("--arm", default="dblast-k4")
     p.add_argument("--readme", default="README.md", help="the README whose adaptive rows are rewritten")
     p.add_argument("--note", default="", help="a paragraph under the speed table (which run each row comes from)")
+    p.add_argument("--batch-note", default="", help="a paragraph under the batch table (reruns, causes)")
     return p.parse_args()
 
 
@@ -138,6 +139,7 @@ def main():
             os.makedirs(folder, exist_ok=True)
             shutil.copy(os.path.join(args.runs, "speed", f"{args.arm}-T{t}-{controller}", "summary.json"), folder)
     batch = os.path.join(args.runs, "batch", "summary.json")
+    data = None
     if os.path.isfile(batch):
         with open(batch) as f:
             data = json.load(f)
@@ -154,17 +156,26 @@ def main():
                 f"{row[n]['tokens_per_second']:.1f} ({row[n]['speedup']:.2f}x; {row[n].get('drafting_cycles', '?')}"
                 f" / {row[n]['cycles']})" for n in names) + f" | {row['target']['tokens_per_second']:.1f} |")
         shutil.copy(batch, os.path.join(args.out, "batch_summary.json"))
-        lines.append("")
+        lines += ["", args.batch_note, ""] if args.batch_note else [""]
     with open(os.path.join(args.out, "README.md"), "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
     if runs:
-        readme_rows(runs, temperatures, args.readme, os.path.relpath(os.path.join(args.out, "README.md"),
-                                                                        os.path.dirname(args.readme)))
+        readme_rows(runs, temperatures, data, args.readme, os.path.relpath(os.path.join(args.out, "README.md"),
+                                                                              os.path.dirname(args.readme)))
 
 
-def readme_rows(runs, temperatures, readme: str, page: str) -> None:
-    """The README's table of the speed phase with the controller on and off."""
+def batch_sentence(data) -> str:
+    """The batch run in one sentence: each size's speed-up with the controller on, then off."""
+    rows = data["rows"]
+    on = " / ".join(f"{row['speculative-adaptive']['speedup']:.2f}x" for row in rows)
+    off = " / ".join(f"{row['speculative-off']['speedup']:.2f}x" for row in rows)
+    sizes = " / ".join(str(row["batch"]) for row in rows)
+    return f" Batches of {sizes} (T {data['settings']['temperature']}, {data['date']}): {on} (fixed {off})."
+
+
+def readme_rows(runs, temperatures, batch, readme: str, page: str) -> None:
+    """The README's table of the speed phase with the controller on and off, and the batch run's figures."""
     begin, end = "<!-- adaptive-results:begin -->", "<!-- adaptive-results:end -->"
     with open(readme) as f:
         text = f.read()
@@ -179,8 +190,10 @@ def readme_rows(runs, temperatures, readme: str, page: str) -> None:
             values = [summary["datasets"][d]["speedup"] for d in DATASETS] if summary else []
             cells.append(f"{sum(values) / len(values):.2f}x ({min(values):.2f}x)" if values else "")
         rows.append(f"| {t} | " + " | ".join(cells) + " |")
-    rows.append(f"\nSpeed-up over SmolLM2 alone with `dblast-k4` at the CPU defaults, the adaptive controller "
-                f"(the default) against every pass verifying the whole block, run back to back; [{page}]({page}).")
+    rows.append("\nSpeed-up over SmolLM2 alone with `dblast-k4` at the CPU defaults, the adaptive controller "
+                "(the default) against every pass verifying the whole block, run back to back."
+                + (batch_sentence(batch) if batch and "speculative-adaptive" in batch["rows"][0] else "")
+                + f" [{page}]({page})")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     with open(readme, "w") as f:
