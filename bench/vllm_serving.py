@@ -87,7 +87,8 @@ def main() -> int:
                                  acceptance_length=accepted, other_load=other_load))
                 outputs[label] = result["outputs"]
                 print(f"T {temperature} batch {batch} {label}: {tokens / result['seconds']:.1f} tok/s"
-                      + (f", acceptance length {accepted:.2f}" if path else ""), file=sys.stderr, flush=True)
+                      + (f", acceptance length {accepted:.2f}" if accepted is not None else ""), file=sys.stderr,
+                      flush=True)
             if temperature == 0:
                 for label, _, _ in engines[1:]:
                     next(r for r in rows[::-1] if r["drafter"] == label)["greedy_equal"] = (
