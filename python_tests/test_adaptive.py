@@ -109,7 +109,6 @@ def test_a_batch_decodes_plainly_where_verification_costs_more_than_it_commits()
     assert cheap.best_depth() == 3
 
 
-
 def test_the_prior_alone_gets_no_benefit_of_the_doubt():
     """A batch of 16 whose cycle of d drafts costs as measured on the embedded pair (2026-12-06):
     on the even prior a plain step is the faster; the optimism bonus, were it given before any
@@ -121,6 +120,7 @@ def test_the_prior_alone_gets_no_benefit_of_the_doubt():
     rates = controller.rates()
     boosted = adaptive.PRIOR_ACCEPTANCE + adaptive.OPTIMISM / (adaptive.PRIOR_WEIGHT + 1) ** 0.5
     assert 16 * expected_committed([boosted] * 7, 4) / costs[4] > rates[0]  # what the bonus would have done
+
 
 def test_rows_that_finish_leave_the_decision_and_the_batch_cost_follows_the_rows():
     table = CostTable(chain={1: [1.0, 1.1, 1.2], 4: [1.0, 3.0, 5.0]})
