@@ -1,12 +1,14 @@
 """Build of dblast_ext._C with torch.utils.cpp_extension.
 
 Install torch first, then `pip install --no-build-isolation .`. CUDA kernels are compiled
-when FORCE_CUDA=1 or a GPU is visible, for TORCH_CUDA_ARCH_LIST (default "9.0" when
-forced). MAX_JOBS bounds ninja's parallelism. The sources and the compile/link flags come from
+when FORCE_CUDA=1 or a GPU is visible, for the architectures cuda_arch_list() picks:
+TORCH_CUDA_ARCH_LIST when set, else the visible GPUs' own, else DEFAULT_CUDA_ARCHS.
+MAX_JOBS bounds ninja's parallelism. The sources and the compile/link flags come from
 csrc/build.json, which CMakeLists.txt reads too (docs/development.md).
 """
 import json
 import os
+from typing import List, Mapping, Sequence, Tuple
 
 from setuptools import find_packages, setup
 
@@ -21,6 +23,10 @@ except ImportError as exc:  # torch is deliberately not a build requirement
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 BUILD_JSON = os.path.join("csrc", "build.json")
+# What a CUDA build compiles for when neither TORCH_CUDA_ARCH_LIST nor a visible GPU says: A100
+# (8.0), A10 / RTX 30xx (8.6), L4 / L40S / RTX 40xx (8.9), H100 / H200 (9.0), B200 (10.0),
+# RTX 50xx (12.0), and 12.0's PTX, which the driver compiles for GPUs newer than all of these.
+DEFAULT_CUDA_ARCHS = "8.0;8.6;8.9;9.0;10.0;12.0+PTX"
 
 
 def want_cuda() -> bool:
@@ -33,9 +39,25 @@ def want_cuda() -> bool:
             )
         if CUDA_HOME is None:
             raise SystemExit("FORCE_CUDA=1 but no CUDA toolkit was found: set CUDA_HOME (e.g. /usr/local/cuda-13.0)")
-        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
         return True
     return torch.version.cuda is not None and CUDA_HOME is not None and torch.cuda.is_available()
+
+
+def cuda_arch_list(environ: Mapping[str, str], visible: Sequence[Tuple[int, int]]) -> str:
+    """The architectures to compile for: TORCH_CUDA_ARCH_LIST when set (other than torch's
+    "native"), else those of the `visible` GPUs' compute capabilities, else DEFAULT_CUDA_ARCHS."""
+    listed = environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if listed and listed != "native":
+        return listed
+    if visible:
+        return ";".join(f"{major}.{minor}" for major, minor in sorted(set(visible)))
+    return DEFAULT_CUDA_ARCHS
+
+
+def visible_capabilities() -> List[Tuple[int, int]]:
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
 
 
 def build_description() -> dict:
@@ -62,7 +84,9 @@ def extension_arguments(with_cuda: bool) -> dict:
 
 def extension():
     with_cuda = want_cuda()
-    archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "") if with_cuda else ""
+    archs = cuda_arch_list(os.environ, visible_capabilities()) if with_cuda else ""
+    if with_cuda:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = archs  # torch's nvcc flags, and build_info(), name these
     macros = [
         ("DBLAST_TORCH_VERSION", f'"{torch.__version__}"'),
         ("DBLAST_CUDA_ARCHS", f'"{archs}"'),

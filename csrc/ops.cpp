@@ -26,6 +26,14 @@ std::string build_info() {
          DBLAST_CUDA_ARCHS + "\", \"torch_version\": \"" + DBLAST_TORCH_VERSION + "\"}";
 }
 
+// The rule that fits a staged CUDA kernel to a device, as a query (dblast/kernel_variant.h):
+// the CPU tests ask it about devices they do not have. Its own namespace keeps it out of the
+// ops proper (torch.ops.dblast.*).
+TORCH_LIBRARY(dblast_rules, m) {
+  m.def("cuda_kernel_for(str op, int major, int minor, int shared_per_block, str? variant=None) -> str",
+        &describe_cuda_kernel_for);
+}
+
 TORCH_LIBRARY(dblast, m) {
   m.def("build_info() -> str", &build_info);
   // Which CUDA kernels serve the ops, "verified" (default) or "staged" (dblast/kernel_variant.h).

@@ -19,7 +19,7 @@ from .results import BranchArgmax, SampledTokens, VerifyResult, draw_uniforms
 from .sampling import check_temperature, check_top_k, check_top_p
 
 __all__ = ["branch_verify", "mixture_verify", "sparse_verify", "sample_tokens", "branch_argmax", "drafter_attention", "VerifyResult",
-           "BranchArgmax", "SampledTokens", "CPU_ONLY_OPS", "cuda_kernels", "using_cuda_kernels"]
+           "BranchArgmax", "SampledTokens", "CPU_ONLY_OPS", "cuda_kernels", "using_cuda_kernels", "cuda_kernel_for"]
 
 # Ops with a CPU kernel only, not yet run on a GPU (no CUDA kernel lands untested): on CUDA
 # tensors their wrapper runs the CPU kernel on host copies and returns the results on the
@@ -48,6 +48,23 @@ def using_cuda_kernels(variant: str) -> Iterator[None]:
         yield
     finally:
         cuda_kernels(previous)
+
+
+def cuda_kernel_for(op: str, device: Optional[torch.device] = None, *, capability: Optional[Tuple[int, int]] = None,
+                    shared_per_block: Optional[int] = None, variant: Optional[str] = None) -> str:
+    """Which CUDA kernel serves `op` (an op with a staged kernel, e.g. "branch_verify"): "staged",
+    "verified", or "verified (...)" when a staged kernel was asked for but the device cannot run
+    it (the reason in the brackets; the op then also warns once). Staged kernels are asked for
+    by `variant` (default: the one in force, cuda_kernels()) or by a promotion. The device is
+    `device` (default: the current CUDA device), or one of the given compute `capability` and
+    opt-in shared memory per block in bytes, with no GPU needed. The rule itself is C++
+    (dblast/kernel_variant.h), the one the CUDA launchers apply."""
+    if capability is None or shared_per_block is None:
+        properties = torch.cuda.get_device_properties(device)
+        capability = capability if capability is not None else (properties.major, properties.minor)
+        if shared_per_block is None:
+            shared_per_block = properties.shared_memory_per_block_optin
+    return torch.ops.dblast_rules.cuda_kernel_for(op, capability[0], capability[1], shared_per_block, variant)
 
 
 def branch_verify(target_logits: torch.Tensor, branch_tokens: torch.Tensor, branch_prior: torch.Tensor,

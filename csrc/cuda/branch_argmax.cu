@@ -204,7 +204,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> branch_argmax_cuda(
   (void)tile_bytes;  // the CPU's tiling knob; the GPU tiles in registers
   const int64_t num_branches =
       check_branch_argmax_args(hidden, lm_head_weight, expander_weight, expander_bias, vocab_size);
-  if (staged::use_staged(staged::Op::kBranchArgmax)) {
+  if (staged::use_staged(staged::Op::kBranchArgmax, hidden)) {
     return staged::branch_argmax(hidden, lm_head_weight, expander_weight, expander_bias, vocab_size);
   }
   const c10::cuda::CUDAGuard guard(hidden.device());

@@ -100,7 +100,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> branch_verify_cuda(
   check_branch_verify_args(target_logits, branch_tokens, branch_prior, branch, uniforms, temperature, top_k,
                            top_p);
   if (validate) check_branch_verify_values(target_logits, branch_tokens, branch_prior, branch, uniforms);
-  if (staged::use_staged(staged::Op::kBranchVerify)) {
+  if (staged::use_staged(staged::Op::kBranchVerify, target_logits)) {
     return staged::branch_verify(target_logits, branch_tokens, branch_prior, branch, uniforms, temperature, top_k,
                                  top_p);
   }

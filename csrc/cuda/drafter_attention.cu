@@ -5,8 +5,8 @@
 // unnormalised partial (O, max, sum) and a combine kernel merges the splits.
 // When the staged kernels are in force (dblast/kernel_variant.h) or this one is promoted
 // (staged/promoted.h), bfloat16/float16 inputs with a head dim the staged tensor-core kernel
-// covers go to it (csrc/cuda/staged/drafter_attention.cu) after the same host checks; the rest
-// stays here.
+// covers go to it (csrc/cuda/staged/drafter_attention.cu) after the same argument checks, but
+// without the value check of context_lens (a host synchronisation); the rest stays here.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -252,12 +252,13 @@ at::Tensor drafter_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   const bool check_values = capture == cudaStreamCaptureStatusNone;
-  if (check_values) check_context_lens(context_lens, k_cache.size(2));
-  if (staged::use_staged(staged::Op::kDrafterAttention) && staged::drafter_attention_covers(q.scalar_type(), dim)) {
+  if (staged::use_staged(staged::Op::kDrafterAttention, q) && staged::drafter_attention_covers(q.scalar_type(), dim)) {
+    // The staged path never waits for the device: its kernels clamp the lengths as under capture.
     at::Tensor staged_out =
         staged::drafter_attention(q, k_cache, v_cache, k_block, v_block, context_lens, scale, window, causal);
     if (staged_out.defined()) return staged_out;  // undefined: shapes the staged kernel leaves to this one
   }
+  if (check_values) check_context_lens(context_lens, k_cache.size(2));
   const at::Tensor qc = contiguous_16_byte_aligned(q), kc = contiguous_16_byte_aligned(k_cache);
   const at::Tensor vc = contiguous_16_byte_aligned(v_cache), kb = contiguous_16_byte_aligned(k_block);
   const at::Tensor vb = contiguous_16_byte_aligned(v_block), lens = context_lens.contiguous();

@@ -121,7 +121,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mixture_verify_cuda(
   check_mixture_verify_args(target_logits, draft_logits, branch_prior, draft_tokens, uniforms, temperature, top_k,
                             top_p, draft_temperature);
   if (validate) check_mixture_verify_values(target_logits, draft_logits, branch_prior, draft_tokens, uniforms);
-  if (staged::use_staged(staged::Op::kMixtureVerify)) {
+  if (staged::use_staged(staged::Op::kMixtureVerify, target_logits)) {
     return staged::mixture_verify(target_logits, draft_logits, branch_prior, draft_tokens, uniforms, temperature,
                                   top_k, top_p, draft_temperature);
   }

@@ -48,7 +48,7 @@ std::tuple<at::Tensor, at::Tensor> sample_tokens_cuda(const at::Tensor& logits, 
                                                       const at::Tensor& query_tokens, bool validate) {
   check_sample_tokens_args(logits, uniforms, temperature, top_k, top_p, query_tokens);
   if (validate) check_sample_tokens_values(logits, uniforms, query_tokens);
-  if (staged::use_staged(staged::Op::kSampleTokens)) {
+  if (staged::use_staged(staged::Op::kSampleTokens, logits)) {
     return staged::sample_tokens(logits, uniforms, temperature, top_k, top_p, query_tokens);
   }
   const c10::cuda::CUDAGuard guard(logits.device());

@@ -28,6 +28,9 @@
 //   lowest token id.
 // - float32 heads skip the split: the states stay float32 and the GEMM is cuBLAS's float32
 //   GEMM (ATen's; it uses TF32 only if the caller allowed TF32 matmuls).
+// - So do 16-bit states that are already exact: without an expander the branch state is the
+//   16-bit hidden row itself, whose lo half would be all zeros. The GEMM then takes h as it is
+//   ([N, H], half the rows), with the same float32 accumulation and output.
 // - Graph-capturable: no host synchronisation; the workspaces are at::empty on the current
 //   stream; the tile plan depends on shapes only.
 // Host code here formats no error messages (the launcher's host checks ran before dispatch).
@@ -52,8 +55,7 @@ constexpr int64_t kMinTileColumns = 2048;      // below this the GEMMs get too s
 constexpr int64_t kColumnAlign = 128;          // tile starts stay 128-row aligned in the head
 constexpr int kChunkColumns = 2048;            // columns per partial: 8 per thread
 
-// Row r, column c of the float32 matrix to split: the hidden states themselves (no expander:
-// the branch states; with one: the expander's input).
+// Row r, column c of the float32 matrix to split: the hidden states, the expander's input.
 template <typename scalar_t>
 struct HiddenRows {
   const scalar_t* hidden;  // [rows, width]
@@ -163,8 +165,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The GEMM's left operand for 16-bit weights: [2 N K, H] in hidden's dtype (hi rows, then lo
-// rows) and `inverse` [N K], the per-row 2^-e.
+// The GEMM's left operand for 16-bit weights and an expander: [2 N K, H] in hidden's dtype (hi
+// rows, then lo rows) and `inverse` [N K], the per-row 2^-e.
 template <typename scalar_t>
 at::Tensor split_states(const at::Tensor& hidden, const std::optional<at::Tensor>& expander_weight,
                         const std::optional<at::Tensor>& expander_bias, int64_t branches, at::Tensor& inverse,
@@ -174,12 +176,6 @@ at::Tensor split_states(const at::Tensor& hidden, const std::optional<at::Tensor
   const scalar_t* h = hidden.data_ptr<scalar_t>();
   at::Tensor operand = at::empty({2 * state_rows, width}, hidden.options());
   inverse = at::empty({state_rows}, float_options);
-  if (!expander_weight.has_value()) {
-    split_rows_kernel<<<static_cast<unsigned>(state_rows), kThreads, 0, stream>>>(
-        HiddenRows<scalar_t>{h, width}, state_rows, width, operand.data_ptr<scalar_t>(), inverse.data_ptr<float>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return operand;
-  }
   const at::Tensor weight = expander_weight->contiguous(), bias = expander_bias->contiguous();
   at::Tensor hidden_split = at::empty({2 * rows, width}, hidden.options());
   at::Tensor hidden_inverse = at::empty({rows}, float_options);
@@ -222,13 +218,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> branch_argmax(const at::Tensor& h
   auto logsumexp = at::empty({rows, branches}, float_options);
   if (rows == 0) return {tokens, max_logits, logsumexp};
 
-  const bool split = hidden.scalar_type() != at::kFloat;
+  const bool sixteen_bit = hidden.scalar_type() != at::kFloat;
+  const bool split = sixteen_bit && expander_weight.has_value();  // else the states are exact as they are
   const at::Tensor h = hidden.contiguous();
   const at::Tensor head = lm_head_weight.contiguous();
   at::Tensor inverse;  // [N K], split only
-  at::Tensor operand;  // the GEMM's rows: [2 N K, H] 16-bit hi/lo, or [N K, H] float32
-  if (!split) {
+  at::Tensor operand;  // the GEMM's rows: [2 N K, H] 16-bit hi/lo, [N, H] 16-bit h, or [N K, H] float32
+  if (!sixteen_bit) {
     operand = float_states(h, expander_weight, expander_bias, branches).contiguous();
+  } else if (!split) {
+    operand = h;
   } else if (h.scalar_type() == at::kBFloat16) {
     operand = split_states<at::BFloat16>(h, expander_weight, expander_bias, branches, inverse, stream);
   } else {
@@ -255,7 +254,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> branch_argmax(const at::Tensor& h
     const int64_t first = t * cols, count = std::min(cols, vocab_size - first);
     at::Tensor logits = workspace.narrow(0, 0, gemm_rows * count).view({gemm_rows, count});
     const at::Tensor head_tile = head.narrow(0, first, count).t();  // [H, count]
-    if (split) {
+    if (sixteen_bit) {
       at::mm_out(logits, operand, head_tile, at::kFloat);  // 16-bit operands, float32 accumulation and output
     } else {
       at::mm_out(logits, operand, head_tile);

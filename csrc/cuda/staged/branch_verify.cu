@@ -49,6 +49,7 @@ struct BranchArgs {
 template <typename scalar_t, typename uniform_t>
 __global__ void __launch_bounds__(kThreads)
     branch_verify_kernel(const scalar_t* __restrict__ logits, const uniform_t* __restrict__ uniforms, BranchArgs a) {
+#if DBLAST_CLUSTER_CODE
   extern __shared__ __align__(16) unsigned char cache_bytes[];
   __shared__ ClusterShared sh;
   __shared__ int64_t support_tokens[kMaxBranches];
@@ -112,6 +113,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < positions; ++j) out[j] = j < accepted ? draft[j] : -1;
   out[accepted] = candidates[accepted];
   a.num_accepted[n] = accepted;
+#else
+  __trap();  // below sm_90: never launched (staged_ops.h's use_staged)
+#endif
 }
 
 }  // namespace
@@ -157,7 +161,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> branch_verify(const at::Tensor& t
                           output_tokens.data_ptr<int64_t>(),
                           accept_probs.data_ptr<float>()};
     AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "staged_branch_verify_uniforms", [&] {
-      cluster_row::launch_clusters(branch_verify_kernel<logit_t, scalar_t>, rows * positions, parts,
+      cluster_row::launch_clusters<branch_verify_kernel<logit_t, scalar_t>>(rows * positions, parts,
                       static_cast<size_t>(capacity) * sizeof(logit_t), stream, logits.data_ptr<logit_t>(),
                       u.data_ptr<scalar_t>(), args);
     });

@@ -23,27 +23,43 @@
 // (they contain cluster barriers), with cluster-uniform arguments; and a kernel calls
 // `cluster_finish()` before it exits, so that no block leaves while another still reads its
 // shared memory.
+//
+// Architectures. Clusters exist from sm_90 on: the device functions here are compiled for
+// sm_90+ only (DBLAST_CLUSTER_CODE), and a kernel built on them wraps its body in
+// `#if DBLAST_CLUSTER_CODE`, trapping on older architectures. Those kernels are never launched
+// there: the launchers' rule (dblast/kernel_variant.h, cuda_kernel_for) sends a device below
+// 9.0, or with less shared memory per block than kClusterCacheBytes + kClusterStaticBytes, to
+// the verified kernel.
 #pragma once
 
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
 
 #include "../block_primitives.cuh"
 #include "dblast/filtering.h"
+#include "dblast/kernel_variant.h"
 #include "dblast/split_row.h"
+
+// 1 in the host pass and in device passes for sm_90+, where cooperative_groups has clusters
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define DBLAST_CLUSTER_CODE 1
+#else
+#define DBLAST_CLUSTER_CODE 0
+#endif
 
 // Own namespace: other staged kernels' headers live in dblast::cuda::staged too.
 namespace dblast::cuda::staged::cluster_row {
 
 namespace cg = cooperative_groups;
 
-// Largest slice copy kept in shared memory per block. With the ~24 KB of static shared
-// memory below, two blocks fit on an SM even for float32 slices of V = 151,936.
-constexpr int kCacheBytes = 80 * 1024;
+// Largest slice copy kept in shared memory per block. With the ~28 KB of static shared
+// memory below, two blocks fit on an sm_90 SM even for float32 slices of V = 151,936.
+constexpr int kCacheBytes = static_cast<int>(kClusterCacheBytes);
 
 // A cluster-wide exchange slot: each block writes its own, every block reads all of them.
 struct Slot {
@@ -53,15 +69,24 @@ struct Slot {
 constexpr int kSlots = 8;
 enum SlotId { kSlotArgmax, kSlotMass, kSlotNorm, kSlotDrawTotals, kSlotDrawResult };
 
+// Per-warp radix histograms (fewer atomic collisions): 32-bit token counts for the top-k
+// select, 64-bit fixed-point masses for the top-p one.
+union WarpHistograms {
+  unsigned count[kThreads / 32][256];
+  unsigned long long mass[kThreads / 32][256];
+};
+
 struct ClusterShared {
   Slot slots[kSlots];                                   // each used once per kernel: no reuse hazards
-  unsigned long long warp_hist[kThreads / 32][256];     // per-warp histograms (fewer atomic collisions)
+  WarpHistograms warp;
   unsigned long long hist[2][256];                      // the block's histogram, read by the cluster;
                                                         // double-buffered by pass parity
   unsigned long long merged[256];                       // the cluster's histogram
   int digit;
   unsigned long long before;
 };
+
+#if DBLAST_CLUSTER_CODE
 
 __device__ __forceinline__ unsigned cluster_rank() { return cg::this_cluster().block_rank(); }
 __device__ __forceinline__ unsigned cluster_blocks() { return cg::this_cluster().num_blocks(); }
@@ -197,31 +222,64 @@ __device__ __forceinline__ void choose_bin_from_top(ClusterShared& sh, unsigned 
 }
 
 // Radix select over the ordered keys of the logits that pass `keep`, 8 bits per round from
-// the top, histogram weights `weight(logit)` (unsigned 64-bit: 1 for top-k, fixed-point
-// softmax mass for top-p). Returns the key of the largest value whose kept weight (that of
-// all kept values >= it) reaches `goal`. Each round: per-warp histograms, summed into the
-// block's, one cluster barrier, every block sums all blocks' histograms bin by bin (thread b
-// owns bin b) and warp 0 picks the bin. Every block picks the same one.
-template <typename scalar_t, typename Keep, typename Weight>
+// the top, histogram weights `weight(logit)` (unsigned 64-bit fixed-point softmax mass for
+// top-p), or with kCount a weight of 1 per token (top-k; `weight` unused). Returns the key of
+// the largest value whose kept weight (that of all kept values >= it) reaches `goal`. Each
+// round: per-warp histograms, summed into the block's, one cluster barrier, every block sums
+// all blocks' histograms bin by bin (thread b owns bin b) and warp 0 picks the bin. Every
+// block picks the same one.
+//
+// Counting uses 32-bit counters (a slice holds far fewer than 2^32 tokens), and in the first
+// round the lanes of a warp that fall into the same bin add once, together: that round bins by
+// the key's top byte, sign and exponent, where typical logits fill only 4-6 bins, so without
+// grouping most of a warp's 32 atomics would queue on the same address.
+template <bool kCount, typename scalar_t, typename Keep, typename Weight>
 __device__ uint32_t cluster_radix_select(const RowSlice<scalar_t>& s, unsigned long long goal, Keep keep,
                                          Weight weight, ClusterShared& sh) {
   static_assert(kThreads == 256, "one thread per histogram bin");
-  const int warp = threadIdx.x / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   uint32_t prefix = 0, mask = 0;
   unsigned long long above = 0;
   for (int round = 0; round < 4; ++round) {
     const int shift = 24 - 8 * round;
     unsigned long long* hist = sh.hist[round & 1];
-    for (int w = 0; w < kThreads / 32; ++w) sh.warp_hist[w][threadIdx.x] = 0;
+    for (int w = 0; w < kThreads / 32; ++w) {
+      if constexpr (kCount) {
+        sh.warp.count[w][threadIdx.x] = 0;
+      } else {
+        sh.warp.mass[w][threadIdx.x] = 0;
+      }
+    }
     __syncthreads();
-    s.for_each([&](int64_t, float logit) {
-      if (!keep(logit)) return;
-      const uint32_t key = ordered_key(logit);
-      if ((key & mask) == prefix) atomicAdd(&sh.warp_hist[warp][(key >> shift) & 255u], weight(logit));
-    });
+    if constexpr (kCount) {
+      s.for_each([&](int64_t, float logit) {
+        const uint32_t key = ordered_key(logit);
+        const bool counted = keep(logit) && (key & mask) == prefix;
+        if (round > 0) {  // one first-round bin spread over 256: few collisions, no grouping
+          if (counted) atomicAdd(&sh.warp.count[warp][(key >> shift) & 255u], 1u);
+          return;
+        }
+        const unsigned digit = counted ? (key >> shift) & 255u : 256u;  // 256: adds nothing
+        // the lanes running this visit together (all 32 but at a slice's end), grouped by digit
+        const unsigned peers = __match_any_sync(__activemask(), digit);
+        if (counted && lane == __ffs(peers) - 1) atomicAdd(&sh.warp.count[warp][digit], __popc(peers));
+      });
+    } else {
+      s.for_each([&](int64_t, float logit) {
+        if (!keep(logit)) return;
+        const uint32_t key = ordered_key(logit);
+        if ((key & mask) == prefix) atomicAdd(&sh.warp.mass[warp][(key >> shift) & 255u], weight(logit));
+      });
+    }
     __syncthreads();
     unsigned long long bin = 0;
-    for (int w = 0; w < kThreads / 32; ++w) bin += sh.warp_hist[w][threadIdx.x];
+    for (int w = 0; w < kThreads / 32; ++w) {
+      if constexpr (kCount) {
+        bin += sh.warp.count[w][threadIdx.x];
+      } else {
+        bin += sh.warp.mass[w][threadIdx.x];
+      }
+    }
     // Safe to overwrite: this buffer was last read remotely two rounds ago, and every block
     // has passed a cluster barrier since (the one of the previous round).
     hist[threadIdx.x] = bin;
@@ -260,7 +318,7 @@ __device__ FilteredDist cluster_filtered_dist(const RowSlice<scalar_t>& s, int64
   const float max_logit = best.value;
   const double temperature = spec.temperature;
   if (spec.uses_top_k(vocab)) {
-    const uint32_t key = cluster_radix_select(
+    const uint32_t key = cluster_radix_select<true>(
         s, static_cast<unsigned long long>(spec.top_k), [](float) { return true; },
         [](float) { return 1ull; }, sh);
     dist.threshold = key_to_float(key);
@@ -273,7 +331,7 @@ __device__ FilteredDist cluster_filtered_dist(const RowSlice<scalar_t>& s, int64
   double mass = cluster_sum(local, sh, kSlotMass);
   if (spec.uses_top_p()) {
     const unsigned long long goal = to_fixed_point(spec.top_p * mass, fixed_scale);
-    const uint32_t key = cluster_radix_select(
+    const uint32_t key = cluster_radix_select<false>(
         s, goal, [&](float logit) { return logit >= lower; },
         [&](float logit) { return to_fixed_point(softmax_weight(logit, max_logit, temperature), fixed_scale); }, sh);
     const float threshold = key_to_float(key);
@@ -420,11 +478,22 @@ __device__ int64_t cluster_inverse_cdf(const RowSlice<scalar_t>& s, double unifo
   return result;
 }
 
-// Launches `kernel` on clusters of `parts` blocks of kThreads threads, `clusters` of them,
+#endif  // DBLAST_CLUSTER_CODE
+
+// Launches `kKernel` on clusters of `parts` blocks of kThreads threads, `clusters` of them,
 // with `smem` bytes of dynamic shared memory. Graph-capturable: no host synchronisation.
-template <typename... KernelArgs, typename... Args>
-void launch_clusters(void (*kernel)(KernelArgs...), int64_t clusters, int parts, size_t smem, cudaStream_t stream,
-                     Args&&... args) {
+template <auto kKernel, typename... Args>
+void launch_clusters(int64_t clusters, int parts, size_t smem, cudaStream_t stream, Args&&... args) {
+  // The dynamic shared-memory limit is the kernel's attribute on each device: raised once per
+  // (kernel, device), not by a driver call before every launch.
+  static std::atomic<unsigned long long> raised{0};  // one bit per device
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const unsigned long long bit = device < 64 ? 1ull << device : 0ull;
+  if (bit == 0 || (raised.load(std::memory_order_relaxed) & bit) == 0) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kCacheBytes));
+    raised.fetch_or(bit, std::memory_order_relaxed);
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(clusters * parts), 1, 1);
   config.blockDim = dim3(kThreads, 1, 1);
@@ -437,8 +506,7 @@ void launch_clusters(void (*kernel)(KernelArgs...), int64_t clusters, int parts,
   attribute[0].val.clusterDim.z = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kCacheBytes));
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kKernel, std::forward<Args>(args)...));
 }
 
 // Bytes of dynamic shared memory for one block's slice copy, and the copy's capacity.

@@ -138,6 +138,7 @@ template <typename scalar_t, typename draft_t, typename uniform_t>
 __global__ void __launch_bounds__(kThreads)
     mixture_target_kernel(const scalar_t* __restrict__ logits, const draft_t* __restrict__ draft_logits,
                           const uniform_t* __restrict__ uniforms, MixtureArgs a) {
+#if DBLAST_CLUSTER_CODE
   extern __shared__ __align__(16) unsigned char cache_bytes[];
   __shared__ ClusterShared sh;
   __shared__ double weights[kMaxBranches];
@@ -209,6 +210,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < positions; ++j) out[j] = j < accepted ? draft[j] : -1;
   out[accepted] = candidates[accepted];
   a.num_accepted[n] = accepted;
+#else
+  __trap();  // below sm_90: never launched (staged_ops.h's use_staged)
+#endif
 }
 
 }  // namespace
@@ -284,7 +288,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mixture_verify(const at::Tensor& 
     DBLAST_DISPATCH_LOGITS(dlogits.scalar_type(), "staged_mixture_verify_draft", [&] {
       using draft_t = scalar_t;
       AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "staged_mixture_verify_uniforms", [&] {
-        cluster_row::launch_clusters(mixture_target_kernel<logit_t, draft_t, scalar_t>, rows * positions, parts,
+        cluster_row::launch_clusters<mixture_target_kernel<logit_t, draft_t, scalar_t>>(rows * positions, parts,
                         static_cast<size_t>(capacity) * sizeof(logit_t), stream, logits.data_ptr<logit_t>(),
                         dlogits.data_ptr<draft_t>(), u.data_ptr<scalar_t>(), args);
       });

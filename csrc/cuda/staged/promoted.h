@@ -2,13 +2,15 @@
 // for an op whose staged kernel passed its CUDA tests and compute-sanitizer on that run (the run
 // is named beside it). A promoted kernel serves the op by default ("verified" means the kernels
 // that passed on a GPU); DBLAST_CUDA_KERNELS=staged selects every staged kernel, promoted or not.
+// Either way only on a device that can run it (dblast/kernel_variant.h's cuda_kernel_for).
+// Plain C++: csrc/kernel_variant.cpp reads it too.
 #pragma once
 
 #include "dblast/kernel_variant.h"
 
 namespace dblast::cuda::staged {
 
-enum class Op { kBranchVerify, kMixtureVerify, kSampleTokens, kBranchArgmax, kDrafterAttention };
+using Op = StagedOp;
 
 // promote_staged.py rewrites the values (and the comments naming the run) of these lines only
 inline constexpr bool kPromotedBranchVerify = false;      // promoted by: none
@@ -27,8 +29,5 @@ constexpr bool promoted(Op op) {
   }
   return false;
 }
-
-// Whether `op`'s call goes to its staged kernel: promoted, or every staged kernel asked for.
-inline bool use_staged(Op op) { return promoted(op) || cuda_kernel_variant() == KernelVariant::kStaged; }
 
 }  // namespace dblast::cuda::staged

@@ -35,6 +35,7 @@ struct SampleArgs {
 template <typename scalar_t, typename uniform_t>
 __global__ void __launch_bounds__(kThreads)
     sample_tokens_kernel(const scalar_t* __restrict__ logits, const uniform_t* __restrict__ uniforms, SampleArgs a) {
+#if DBLAST_CLUSTER_CODE
   extern __shared__ __align__(16) unsigned char cache_bytes[];
   __shared__ ClusterShared sh;
   const int64_t n = blockIdx.x / cluster_blocks();
@@ -56,6 +57,9 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (cluster_rank() == 0 && threadIdx.x == 0) a.tokens[n] = token;
   cluster_finish();
+#else
+  __trap();  // below sm_90: never launched (staged_ops.h's use_staged)
+#endif
 }
 
 }  // namespace
@@ -85,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor> sample_tokens(const at::Tensor& logits, const
                           tokens.data_ptr<int64_t>(),
                           query_probs.data_ptr<float>()};
     AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "staged_sample_tokens_uniforms", [&] {
-      cluster_row::launch_clusters(sample_tokens_kernel<logit_t, scalar_t>, rows.size(0), parts,
+      cluster_row::launch_clusters<sample_tokens_kernel<logit_t, scalar_t>>(rows.size(0), parts,
                       static_cast<size_t>(capacity) * sizeof(logit_t), stream, rows.data_ptr<logit_t>(),
                       u.data_ptr<scalar_t>(), args);
     });
