@@ -25,7 +25,8 @@ token per cycle), not speed-ups of a trained pair.
 
     python bench/gpu_cycle.py --out DIR            (a GPU with about 25 GB free)
     python bench/gpu_cycle.py --out DIR --tiny     (a tiny random pair, any device: a dry run)
-Writes gpu_cycle.json and gpu_cycle.md under --out.
+Writes gpu_cycle.json and gpu_cycle.md under --out, each naming the machine's GPU and the commit
+(DBLAST_COMMIT when set, as bench/device_check.sh sets it on a machine without .git; else git's).
 """
 import argparse
 import collections
@@ -33,6 +34,7 @@ import copy
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -62,6 +64,16 @@ def parse_args():
     p.add_argument("--repeats", type=int, default=3, help="interleaved batch-1 runs per K")
     p.add_argument("--part-repeats", type=int, default=30, help="interleaved timings of each K-dependent step")
     return p.parse_args()
+
+
+def source_commit() -> str:
+    if os.environ.get("DBLAST_COMMIT"):
+        return os.environ["DBLAST_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def make_pair(args):
@@ -270,7 +282,7 @@ def main():
         alone = SpeculativeDecoder(target, four, target_cache="static", controller=FixedDepth(0), cuda_graphs=True)
     sampling = SamplingParams(1.0)
     prompt = random_prompts(1, args.prompt_len, min(vocab, 151000), seed=0)[0]
-    result = dict(date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), torch=torch.__version__,
+    result = dict(date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), torch=torch.__version__, commit=source_commit(),
                   device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
                   shape="tiny qwen3" if args.tiny else "Qwen3-8B", prompt_len=args.prompt_len, block=block,
                   dtype=str(decoders["K=1"].target.dtype).replace("torch.", ""))
@@ -349,7 +361,8 @@ def main():
 
 
 def markdown(r) -> str:
-    lines = [f"Machine: {r['device']}; torch {r['torch']}; date {r['date']}; {r['shape']} shape, random {r['dtype']} "
+    lines = [f"Machine: {r['device']}; commit {r['commit'][:12]}; torch {r['torch']}; date {r['date']}; {r['shape']} shape, "
+             f"random {r['dtype']} "
              f"weights, {r['prompt_len']}-token prompt, block {r['block']}, T 1.0", "",
              "| figure | value |", "| --- | ---: |",
              f"| target forward over {r['block'] + 1} tokens (ms) | {r['target_forward_ms']:.2f} |"]

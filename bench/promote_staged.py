@@ -4,21 +4,29 @@ verified and staged").
     python bench/promote_staged.py bench/device_runs/<run>            # promote what passed
     python bench/promote_staged.py bench/device_runs/<run> --dry-run  # only say what would be
 
-A staged kernel is promoted when, on that run, every CUDA test of its op that ran the staged
-kernel (a test id with "staged": the `cuda-staged` device, or a graph-capture test's staged
-variant) passed, at least one ran, and compute-sanitizer's memcheck and racecheck found nothing in
-its op's staged tests. bench/device_check.sh writes what this reads: tests.xml (pytest's JUnit
-report of the CUDA tests) and sanitizer.txt (one line per op and tool: `<op> <tool> <exit code>`).
+It reads what `bench/device_check.sh part1` writes: tests-staged.xml (pytest's JUnit report of
+every test that ran the staged kernels, stamped with the commit, a hash of csrc/, the GPU and
+whether the stage hit its time limit) and sanitizer.txt (its first line the same stamp, then
+one line per op and tool: `<op> <tool> exit=<code> errors=<n> passed=<n> failed=<n> cases=...`).
+A staged kernel is promoted when, on that run:
+  - the tests and the sanitizer name the same commit and csrc/ hash (and a commit at all),
+    and the staged tests finished inside their limit (else not every staged case ran);
+  - no staged case failed that may have run the op's kernel: a case of the op's own test
+    module, a case of another module whose id names the op, or a case of another module that
+    names no op (it may have run any kernel: it blocks every op);
+  - at least one staged case of the op's own module passed;
+  - memcheck and racecheck each exited 0 with 0 errors over the op's multi-block cases, at
+    least one of which passed and none failed.
 Promotion sets the op's constant in csrc/cuda/staged/promoted.h (the staged kernel then serves
-the op by default) and its row of the table in docs/ops.md, each naming the run. Ops that did
-not pass are listed with the reason and stay staged.
+the op by default, on GPUs that can run it) and its row of the table in docs/ops.md, each
+naming the run. Ops that did not pass are listed with the reasons and stay staged.
 """
 import argparse
 import os
 import re
 import sys
 import xml.etree.ElementTree as ET
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMOTED_H = os.path.join(ROOT, "csrc", "cuda", "staged", "promoted.h")
@@ -33,54 +41,114 @@ OPS = {
                           "csrc/cuda/staged/drafter_attention.cu"),
 }
 SANITIZER_TOOLS = ("memcheck", "racecheck")
+TESTS_XML = "tests-staged.xml"
+SANITIZER_TXT = "sanitizer.txt"
 
 
-def staged_test_results(tests_xml: str) -> Dict[str, Dict[str, int]]:
-    """Per op: how many of its staged test cases passed, failed and were skipped."""
-    counts = {op: {"passed": 0, "failed": 0, "skipped": 0} for op in OPS}
-    for case in ET.parse(tests_xml).getroot().iter("testcase"):
-        module = case.get("classname", "").split(".")[-1]
-        if "staged" not in case.get("name", ""):
+def is_staged(name: str) -> bool:
+    """A case that ran the staged kernels: "staged" among its dash-separated parameters
+    (`[cuda-staged-...]`, a graph test's `[staged-...]`)."""
+    params = re.search(r"\[(.*)\]$", name)
+    return params is not None and "staged" in params.group(1).split("-")
+
+
+def ops_of(module: str, name: str) -> List[str]:
+    """The ops whose staged kernels a case may have run."""
+    own = [op for op, (test_module, _, _) in OPS.items() if module == test_module]
+    if own:
+        return own
+    named = [op for op in OPS if op in name]
+    return named or list(OPS)
+
+
+def read_stamp(line: str) -> Dict[str, str]:
+    """`# commit X csrc_sha Y gpu NAME WITH SPACES` -> {commit, csrc_sha, gpu}."""
+    found = re.match(r"#\s*commit (\S+) csrc_sha (\S+) gpu (.+)$", line.strip())
+    return dict(commit=found.group(1), csrc_sha=found.group(2), gpu=found.group(3)) if found else {}
+
+
+def staged_tests(tests_xml: str) -> dict:
+    """The staged cases' outcomes: per op, passed cases of its own module and failed cases that
+    may have run its kernel; and the run's stamp (commit, csrc_sha, gpu, stopped_at_limit)."""
+    root = ET.parse(tests_xml).getroot()
+    stamp = {prop.get("name"): prop.get("value") for prop in root.iter("property")}
+    passed = {op: 0 for op in OPS}
+    failed: Dict[str, List[str]] = {op: [] for op in OPS}
+    for case in root.iter("testcase"):
+        name = case.get("name", "")
+        if not is_staged(name):
             continue
-        for op, (test_module, _, _) in OPS.items():
-            if module == test_module:
-                if case.find("failure") is not None or case.find("error") is not None:
-                    counts[op]["failed"] += 1
-                elif case.find("skipped") is not None:
-                    counts[op]["skipped"] += 1
-                else:
-                    counts[op]["passed"] += 1
-    return counts
+        module = case.get("classname", "").split(".")[-1]
+        if case.find("failure") is not None or case.find("error") is not None:
+            for op in ops_of(module, name):
+                failed[op].append(f"{module}::{name}")
+        elif case.find("skipped") is None:
+            for op, (test_module, _, _) in OPS.items():
+                passed[op] += module == test_module
+    return dict(stamp=stamp, passed=passed, failed=failed)
 
 
-def sanitizer_results(sanitizer_txt: str) -> Dict[str, Dict[str, int]]:
-    """Per op and tool, compute-sanitizer's exit code (a missing line: not run)."""
-    results: Dict[str, Dict[str, int]] = {op: {} for op in OPS}
+def sanitizer_results(sanitizer_txt: str) -> dict:
+    """The stamp of sanitizer.txt, and per op and tool its fields (exit, errors, passed, failed,
+    cases); a missing line: the tool did not run on that op."""
+    results: Dict[str, Dict[str, Dict[str, str]]] = {op: {} for op in OPS}
+    stamp: Dict[str, str] = {}
     if os.path.isfile(sanitizer_txt):
         for line in open(sanitizer_txt):
+            if line.startswith("#"):
+                stamp = stamp or read_stamp(line)
+                continue
             parts = line.split()
-            if len(parts) == 3 and parts[0] in OPS and parts[1] in SANITIZER_TOOLS:
-                results[parts[0]][parts[1]] = int(parts[2])
-    return results
+            if len(parts) >= 3 and parts[0] in OPS and parts[1] in SANITIZER_TOOLS:
+                results[parts[0]][parts[1]] = dict(field.split("=", 1) for field in parts[2:] if "=" in field)
+    return dict(stamp=stamp, results=results)
+
+
+def run_problems(tests: dict, sanitizer: dict) -> List[str]:
+    """What keeps every op of the run from promotion."""
+    why = []
+    stamp = tests["stamp"]
+    commit: Optional[str] = stamp.get("commit")
+    if not commit or commit == "unknown":
+        why.append("the staged tests name no commit (set DBLAST_COMMIT on a machine without .git)")
+    if stamp.get("stopped_at_limit") != "false":
+        why.append("the staged tests stopped at their time limit (or say nothing of it): not every staged case ran")
+    other = sanitizer["stamp"]
+    if not other:
+        why.append("sanitizer.txt names no commit")
+    elif (other["commit"], other["csrc_sha"]) != (commit, stamp.get("csrc_sha")):
+        why.append(f"tests and sanitizer ran different code (commit {commit} csrc {stamp.get('csrc_sha')} against "
+                   f"commit {other['commit']} csrc {other['csrc_sha']})")
+    return why
 
 
 def decide(run_dir: str) -> Dict[str, List[str]]:
     """Per op, the reasons it may not be promoted (empty: promote)."""
-    tests = staged_test_results(os.path.join(run_dir, "tests.xml"))
-    sanitizer = sanitizer_results(os.path.join(run_dir, "sanitizer.txt"))
+    tests = staged_tests(os.path.join(run_dir, TESTS_XML))
+    sanitizer = sanitizer_results(os.path.join(run_dir, SANITIZER_TXT))
+    shared = run_problems(tests, sanitizer)
     reasons = {}
     for op in OPS:
-        why = []
-        if tests[op]["failed"]:
-            why.append(f"{tests[op]['failed']} staged tests failed")
-        if not tests[op]["passed"]:
-            why.append("no staged test passed (none ran)")
+        why = list(shared)
+        failed = tests["failed"][op]
+        if failed:
+            why.append(f"{len(failed)} staged cases that may run its kernel failed ({', '.join(failed[:3])}"
+                       + (", ..." if len(failed) > 3 else "") + ")")
+        if not tests["passed"][op]:
+            why.append("no staged test of its own module passed (none ran)")
         for tool in SANITIZER_TOOLS:
-            code = sanitizer[op].get(tool)
-            if code is None:
+            line = sanitizer["results"][op].get(tool)
+            if line is None:
                 why.append(f"{tool} did not run")
-            elif code != 0:
-                why.append(f"{tool} exited {code}")
+                continue
+            if line.get("exit") != "0":
+                why.append(f"{tool} exited {line.get('exit')}")
+            if line.get("errors") != "0":
+                why.append(f"{tool} reported {line.get('errors')} errors")
+            if line.get("failed", "0") != "0":
+                why.append(f"{line.get('failed')} of {tool}'s cases failed")
+            if not int(line.get("passed", "0") or 0):
+                why.append(f"{tool} passed no case")
         reasons[op] = why
     return reasons
 
@@ -108,9 +176,8 @@ def main() -> int:
     parser.add_argument("run_dir", help="a device run's folder (bench/device_runs/<run>)")
     parser.add_argument("--dry-run", action="store_true", help="say what would be promoted, change nothing")
     args = parser.parse_args()
-    for name in ("tests.xml",):
-        if not os.path.isfile(os.path.join(args.run_dir, name)):
-            parser.error(f"{args.run_dir} has no {name}: bench/device_check.sh writes it")
+    if not os.path.isfile(os.path.join(args.run_dir, TESTS_XML)):
+        parser.error(f"{args.run_dir} has no {TESTS_XML}: `bench/device_check.sh part1` writes it")
     run = os.path.basename(os.path.normpath(args.run_dir))
     for op, why in decide(args.run_dir).items():
         if why:
