@@ -82,29 +82,6 @@ build() {  # in place, so that python_tests import the tree's dblast_ext
   fi
 }
 
-# junit_stamp FILE EXIT LIMIT: writes the commit, csrc hash, GPU, pytest's exit code and whether
-# the stage hit its limit into FILE's <testsuite> properties (promote_staged.py reads them).
-junit_stamp() {
-  "$PY" - "$1" "$COMMIT" "$CSRC_SHA" "$GPU" "$2" "$3" <<'PY'
-import sys, xml.etree.ElementTree as ET
-path, commit, csrc_sha, gpu, code, limit = sys.argv[1:]
-try:
-    tree = ET.parse(path)
-except (OSError, ET.ParseError):  # pytest wrote nothing: an empty report that says so
-    tree = ET.ElementTree(ET.fromstring('<testsuites><testsuite name="pytest" tests="0"/></testsuites>'))
-root = tree.getroot()
-suite = root if root.tag == "testsuite" else root.find("testsuite")
-props = suite.find("properties")
-if props is None:
-    props = ET.Element("properties")
-    suite.insert(0, props)
-for name, value in (("commit", commit), ("csrc_sha", csrc_sha), ("gpu", gpu), ("exit_code", code),
-                    ("stopped_at_limit", "true" if code == "124" else "false"), ("limit_s", limit)):
-    ET.SubElement(props, "property", name=name, value=value)
-tree.write(path, encoding="unicode")
-PY
-}
-
 # tests NAME SECONDS -k EXPR: the CUDA tests selected by EXPR into tests-NAME.xml. In
 # pytest-xdist workers where it is installed, so that a crashing test fails alone.
 tests() {
@@ -116,7 +93,8 @@ tests() {
   limited "$seconds" "$PY" -m pytest python_tests -q -p no:cacheprovider -rfE --tb=short --durations=5 \
     "${parallel[@]}" --continue-on-collection-errors "$@" --junitxml="$xml" >> "$LOG" 2>&1
   code=$?
-  junit_stamp "$xml" "$code" "$seconds"
+  # the commit, csrc/ hash, GPU and whether the limit was hit, into the report's properties
+  "$PY" bench/promote_staged.py stamp-junit "$xml" "$COMMIT" "$CSRC_SHA" "$GPU" "$code" "$seconds"
   [[ $code == 0 ]] || status=1
   [[ $code == 124 ]] && echo "stopped at the ${seconds} s limit: tests-$name.xml holds the tests that finished" | tee -a "$LOG"
   grep -E "^(FAILED|ERROR)" "$LOG" | tail -20
@@ -153,22 +131,8 @@ sanitize() {
   wait
   for op in "${!SANITIZE[@]}"; do
     cat "$dir/$op.log" >> "$LOG"
-    "$PY" - "$op" "$tool" "$(cat "$dir/$op.code")" "$dir/$op.log" "$dir/$op.xml" <<'PY' >> "$OUT/sanitizer.txt"
-import re, sys, xml.etree.ElementTree as ET
-op, tool, code, log, xml = sys.argv[1:]
-summary = re.findall(r"ERROR SUMMARY: (\d+) error", open(log, errors="replace").read())
-passed, failed = [], 0
-try:
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
-            failed += 1
-        elif case.find("skipped") is None:
-            passed.append(case.get("name"))
-except (OSError, ET.ParseError):
-    pass
-print(f"{op} {tool} exit={code} errors={summary[-1] if summary else 'none'} passed={len(passed)} failed={failed} "
-      f"cases={';'.join(passed)}")
-PY
+    "$PY" bench/promote_staged.py sanitizer-line "$op" "$tool" "$(cat "$dir/$op.code")" "$dir/$op.log" "$dir/$op.xml" \
+      >> "$OUT/sanitizer.txt"
   done
   rm -rf "$dir"
   grep " $tool " "$OUT/sanitizer.txt"

@@ -20,6 +20,10 @@ A staged kernel is promoted when, on that run:
 Promotion sets the op's constant in csrc/cuda/staged/promoted.h (the staged kernel then serves
 the op by default, on GPUs that can run it) and its row of the table in docs/ops.md, each
 naming the run. Ops that did not pass are listed with the reasons and stay staged.
+
+The device check writes both formats through this file too, so that writer and reader are one:
+    python bench/promote_staged.py stamp-junit XML COMMIT CSRC_SHA GPU EXIT_CODE LIMIT_S
+    python bench/promote_staged.py sanitizer-line OP TOOL EXIT_CODE SANITIZER_LOG JUNIT_XML
 """
 import argparse
 import os
@@ -104,6 +108,45 @@ def sanitizer_results(sanitizer_txt: str) -> dict:
     return dict(stamp=stamp, results=results)
 
 
+def stamp_junit(path: str, commit: str, csrc_sha: str, gpu: str, exit_code: int, limit_s: int) -> None:
+    """Writes the run's stamp into a JUnit report's <testsuite> properties: the commit, csrc/'s
+    hash, the GPU, pytest's exit code and whether the stage hit its limit (exit code 124 from
+    `timeout`). A report pytest never wrote becomes an empty one that says so."""
+    try:
+        tree = ET.parse(path)
+    except (OSError, ET.ParseError):
+        tree = ET.ElementTree(ET.fromstring('<testsuites><testsuite name="pytest" tests="0"/></testsuites>'))
+    root = tree.getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    props = suite.find("properties")
+    if props is None:
+        props = ET.Element("properties")
+        suite.insert(0, props)
+    for name, value in (("commit", commit), ("csrc_sha", csrc_sha), ("gpu", gpu), ("exit_code", str(exit_code)),
+                        ("stopped_at_limit", "true" if exit_code == 124 else "false"), ("limit_s", str(limit_s))):
+        ET.SubElement(props, "property", name=name, value=value)
+    tree.write(path, encoding="unicode")
+
+
+def sanitizer_line(op: str, tool: str, exit_code: int, log: str, junit_xml: str) -> str:
+    """sanitizer.txt's line for one op and tool, from compute-sanitizer's exit code, its output
+    (the last "ERROR SUMMARY"; none when it never finished) and pytest's JUnit report of the
+    cases it ran, which the line names."""
+    text = open(log, errors="replace").read() if os.path.isfile(log) else ""
+    summary = re.findall(r"ERROR SUMMARY: (\d+) error", text)
+    passed, failed = [], 0
+    try:
+        for case in ET.parse(junit_xml).getroot().iter("testcase"):
+            if case.find("failure") is not None or case.find("error") is not None:
+                failed += 1
+            elif case.find("skipped") is None:
+                passed.append(case.get("name", ""))
+    except (OSError, ET.ParseError):
+        pass
+    return (f"{op} {tool} exit={exit_code} errors={summary[-1] if summary else 'none'} passed={len(passed)} "
+            f"failed={failed} cases={';'.join(passed)}")
+
+
 def run_problems(tests: dict, sanitizer: dict) -> List[str]:
     """What keeps every op of the run from promotion."""
     why = []
@@ -143,7 +186,9 @@ def decide(run_dir: str) -> Dict[str, List[str]]:
                 continue
             if line.get("exit") != "0":
                 why.append(f"{tool} exited {line.get('exit')}")
-            if line.get("errors") != "0":
+            if line.get("errors") == "none":
+                why.append(f"{tool} did not finish (no error summary)")
+            elif line.get("errors") != "0":
                 why.append(f"{tool} reported {line.get('errors')} errors")
             if line.get("failed", "0") != "0":
                 why.append(f"{line.get('failed')} of {tool}'s cases failed")
@@ -172,6 +217,14 @@ def promote(op: str, run: str, promoted_h: str = PROMOTED_H, ops_md: str = OPS_M
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["stamp-junit"] and len(sys.argv) == 8:
+        path, commit, csrc_sha, gpu, exit_code, limit_s = sys.argv[2:]
+        stamp_junit(path, commit, csrc_sha, gpu, int(exit_code), int(limit_s))
+        return 0
+    if sys.argv[1:2] == ["sanitizer-line"] and len(sys.argv) == 7:
+        op, tool, exit_code, log, junit_xml = sys.argv[2:]
+        print(sanitizer_line(op, tool, int(exit_code), log, junit_xml))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="a device run's folder (bench/device_runs/<run>)")
     parser.add_argument("--dry-run", action="store_true", help="say what would be promoted, change nothing")

@@ -121,6 +121,44 @@ def test_a_report_without_a_stamp_or_sanitizer_promotes_nothing(tmp_path):
     assert "memcheck did not run" in reasons and "racecheck did not run" in reasons
 
 
+def test_the_device_checks_writers_give_what_the_decision_reads(tmp_path):
+    """device_check.sh stamps pytest's report and writes sanitizer.txt through promote_staged.py:
+    a report as pytest writes it, stamped, and lines made from sanitizer output and JUnit."""
+    run = tmp_path / "run"
+    run.mkdir()
+    report = run / "tests-staged.xml"
+    report.write_text('<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite '
+                      'name="pytest" errors="0" failures="0" skipped="0" tests="5">' + "".join(
+                          f'<testcase classname="python_tests.{module}" name="{name}" time="0.1"/>'
+                          for module, name, _ in OWN_PASSING) + "</testsuite></testsuites>")
+    promote_staged.stamp_junit(str(report), STAMP["commit"], STAMP["csrc_sha"], STAMP["gpu"], 0, 110)
+    lines = []
+    for op in promote_staged.OPS:
+        for tool in ("memcheck", "racecheck"):
+            log, xml = tmp_path / f"{op}-{tool}.log", tmp_path / f"{op}-{tool}.xml"
+            clean = not (op == "mixture_verify" and tool == "racecheck")  # this one ran out of time
+            log.write_text("========= COMPUTE-SANITIZER\n2 passed, 1 deselected in 3.10s\n"
+                           + ("========= ERROR SUMMARY: 0 errors\n" if clean else ""))
+            xml.write_text('<testsuites><testsuite name="pytest">'
+                           '<testcase classname="python_tests.m" name="test_real[cuda-staged-V151936-T0.7-k20-p0.9]"/>'
+                           '<testcase classname="python_tests.m" name="test_ties[cuda-staged-k100]"/>'
+                           '<testcase classname="python_tests.m" name="test_x[cuda-staged]"><skipped/></testcase>'
+                           "</testsuite></testsuites>")
+            lines.append(promote_staged.sanitizer_line(op, tool, 0 if clean else 124, str(log), str(xml)))
+    assert lines[0] == ("branch_verify memcheck exit=0 errors=0 passed=2 failed=0 "
+                        "cases=test_real[cuda-staged-V151936-T0.7-k20-p0.9];test_ties[cuda-staged-k100]")
+    (run / "sanitizer.txt").write_text(f"# commit {STAMP['commit']} csrc_sha {STAMP['csrc_sha']} gpu {STAMP['gpu']}\n"
+                                       + "".join(line + "\n" for line in lines))
+    reasons = promote_staged.decide(str(run))
+    assert reasons["mixture_verify"] == ["racecheck exited 124", "racecheck did not finish (no error summary)"]
+    assert all(why == [] for op, why in reasons.items() if op != "mixture_verify")
+    # pytest never wrote a report (killed): the stamped empty report promotes nothing
+    report.unlink()
+    promote_staged.stamp_junit(str(report), STAMP["commit"], STAMP["csrc_sha"], STAMP["gpu"], 124, 110)
+    assert all("the staged tests stopped at their time limit (or say nothing of it): not every staged case ran"
+               in why for why in promote_staged.decide(str(run)).values())
+
+
 def test_promotion_rewrites_the_ops_line_and_row_only(tmp_path):
     header = shutil.copy(promote_staged.PROMOTED_H, tmp_path / "promoted.h")
     doc = shutil.copy(promote_staged.OPS_MD, tmp_path / "ops.md")
