@@ -9,7 +9,7 @@
 #
 # Stage limits in seconds (a stage that hits its limit is stopped and the run goes on; "+ 10":
 # the grace between SIGINT and KILL), summed (python_tests/test_gpu_readiness.py checks both):
-#   part1: machine 10, build 170, staged tests 110 + 10, verified tests 40 + 10, memcheck 35, racecheck 25 = 410
+#   part1: machine 10, build 170, staged tests 110 + 10, verified tests 40 + 10, memcheck 30, racecheck 30 = 410
 #   part2: build 170, bandwidth 15, kernel benchmarks 90 + 10, decode cycle 120 + 10, demo 50 + 10 = 475
 # Part 1 takes 6 min 50 s at most; part 2 7 min 55 s on a fresh machine, 5 min on the one part 1
 # left warm (its build then takes seconds): under 12 min together, inside a lease's 15 minutes.
@@ -152,8 +152,8 @@ part1() {
     echo "compute-sanitizer not found: no sanitizer lines, nothing can be promoted" | tee -a "$LOG"
     return
   fi
-  sanitize memcheck 35
-  sanitize racecheck 25
+  sanitize memcheck 30
+  sanitize racecheck 30
 }
 
 part2() {
