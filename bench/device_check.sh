@@ -29,7 +29,8 @@
 # Every result file names the commit and the GPU: the commit is DBLAST_COMMIT when set (the
 # device machine gets a working tree without .git: pass `DBLAST_COMMIT=$(git rev-parse HEAD)`
 # in the command), else `git rev-parse HEAD`, else "unknown"; with it goes csrc_sha, a hash
-# of csrc/ computed on the machine, so a run of uncommitted kernels cannot pass as the commit.
+# of csrc/ computed on the machine, which promote_staged.py compares with the commit's csrc/:
+# a run of uncommitted kernels cannot pass as the commit.
 # Files (at most 8 per command come back): part1 machine.txt, part1.log, tests-staged.xml,
 # tests-verified.xml, sanitizer.txt; part2 part2.log, bench_kernels.json, results.md,
 # gpu_cycle.json, gpu_cycle.md, demo.txt. Copy both parts into bench/device_runs/<date>-run<N>/,
@@ -57,7 +58,7 @@ if [[ -z ${CUDA_HOME:-} ]]; then
   export CUDA_HOME
 fi
 COMMIT=${DBLAST_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-CSRC_SHA=$(find csrc -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+CSRC_SHA=$(find csrc -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 GPU=${GPU:-unknown GPU}
 STAMP="commit $COMMIT csrc_sha $CSRC_SHA gpu $GPU"

@@ -9,8 +9,9 @@ every test that ran the staged kernels, stamped with the commit, a hash of csrc/
 whether the stage hit its time limit) and sanitizer.txt (its first line the same stamp, then
 one line per op and tool: `<op> <tool> exit=<code> errors=<n> passed=<n> failed=<n> cases=...`).
 A staged kernel is promoted when, on that run:
-  - the tests and the sanitizer name the same commit and csrc/ hash (and a commit at all),
-    and the staged tests finished inside their limit (else not every staged case ran);
+  - the tests and the sanitizer name the same commit and csrc/ hash (and a commit at all), that
+    hash is the one of the commit's csrc/ in this clone (the machine ran the committed
+    kernels), and the staged tests finished inside their limit (else not every staged case ran);
   - no staged case failed that may have run the op's kernel: a case of the op's own test
     module, a case of another module whose id names the op, or a case of another module that
     names no op (it may have run any kernel: it blocks every op);
@@ -26,11 +27,13 @@ The device check writes both formats through this file too, so that writer and r
     python bench/promote_staged.py sanitizer-line OP TOOL EXIT_CODE SANITIZER_LOG JUNIT_XML
 """
 import argparse
+import hashlib
 import os
 import re
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMOTED_H = os.path.join(ROOT, "csrc", "cuda", "staged", "promoted.h")
@@ -147,13 +150,35 @@ def sanitizer_line(op: str, tool: str, exit_code: int, log: str, junit_xml: str)
             f"failed={failed} cases={';'.join(passed)}")
 
 
-def run_problems(tests: dict, sanitizer: dict) -> List[str]:
+def commit_csrc_sha(commit: str) -> Optional[str]:
+    """The hash device_check.sh computes over csrc/ (sha256sum of each file in byte order of the
+    path, then of that listing; 16 hex digits), here of `commit`'s csrc/ in this clone; None
+    when the clone does not have the commit."""
+    def git(*args: str) -> bytes:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, check=True).stdout
+    try:
+        paths = sorted(git("ls-tree", "-r", "--name-only", "-z", commit, "csrc").split(b"\0"))
+        listing = b"".join(hashlib.sha256(git("cat-file", "blob", f"{commit}:{path.decode()}")).hexdigest().encode()
+                           + b"  " + path + b"\n" for path in paths if path)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return hashlib.sha256(listing).hexdigest()[:16] if listing else None
+
+
+def run_problems(tests: dict, sanitizer: dict, csrc_of_commit: Callable[[str], Optional[str]]) -> List[str]:
     """What keeps every op of the run from promotion."""
     why = []
     stamp = tests["stamp"]
     commit: Optional[str] = stamp.get("commit")
     if not commit or commit == "unknown":
         why.append("the staged tests name no commit (set DBLAST_COMMIT on a machine without .git)")
+    else:
+        expected = csrc_of_commit(commit)
+        if expected is None:
+            why.append(f"commit {commit} is not in this clone: its csrc/ cannot be compared with the run's")
+        elif expected != stamp.get("csrc_sha"):
+            why.append(f"the machine's csrc/ ({stamp.get('csrc_sha')}) is not commit {commit[:12]}'s ({expected}): "
+                       "uncommitted kernels ran")
     if stamp.get("stopped_at_limit") != "false":
         why.append("the staged tests stopped at their time limit (or say nothing of it): not every staged case ran")
     other = sanitizer["stamp"]
@@ -165,11 +190,11 @@ def run_problems(tests: dict, sanitizer: dict) -> List[str]:
     return why
 
 
-def decide(run_dir: str) -> Dict[str, List[str]]:
+def decide(run_dir: str, csrc_of_commit: Callable[[str], Optional[str]] = commit_csrc_sha) -> Dict[str, List[str]]:
     """Per op, the reasons it may not be promoted (empty: promote)."""
     tests = staged_tests(os.path.join(run_dir, TESTS_XML))
     sanitizer = sanitizer_results(os.path.join(run_dir, SANITIZER_TXT))
-    shared = run_problems(tests, sanitizer)
+    shared = run_problems(tests, sanitizer, csrc_of_commit)
     reasons = {}
     for op in OPS:
         why = list(shared)

@@ -4,9 +4,12 @@ module that may have run it failed, the sanitizer found nothing on at least one 
 multi-block cases, and the tests and the sanitizer ran the same code; promotion rewrites
 exactly its line of promoted.h and its row of docs/ops.md."""
 import os
+import re
 import shutil
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -25,6 +28,11 @@ def sanitizer_line(op, tool, exit_code=0, errors=0, passed=2, failed=0):
 
 
 CLEAN = [sanitizer_line(op, tool) for op in promote_staged.OPS for tool in ("memcheck", "racecheck")]
+
+
+def decide(run):
+    """promote_staged.decide, with STAMP's commit known to hold STAMP's csrc/."""
+    return promote_staged.decide(run, lambda commit: STAMP["csrc_sha"] if commit == STAMP["commit"] else None)
 
 
 def write_run(folder, cases, sanitizer_lines, tests_stamp=None, sanitizer_stamp=None, stopped_at_limit=False):
@@ -51,7 +59,7 @@ def write_run(folder, cases, sanitizer_lines, tests_stamp=None, sanitizer_stamp=
 
 def test_a_clean_run_promotes_every_op(tmp_path):
     run = write_run(tmp_path / "run", OWN_PASSING + [("test_branch_verify", "test_a[cuda-T1.0]", "failed")], CLEAN)
-    assert promote_staged.decide(run) == {op: [] for op in promote_staged.OPS}  # a verified-kernel failure: not this
+    assert decide(run) == {op: [] for op in promote_staged.OPS}  # a verified-kernel failure: not this
 
 
 def test_own_failures_missing_runs_and_sanitizer_findings_block_their_op_only(tmp_path):
@@ -64,7 +72,7 @@ def test_own_failures_missing_runs_and_sanitizer_findings_block_their_op_only(tm
         ("test_sample_tokens", "test_d[cuda-staged]", "skipped"),
         ("test_branch_argmax", "test_graph[staged-bf16]", "passed"),
     ]
-    reasons = promote_staged.decide(write_run(tmp_path / "run", cases, sanitizer))
+    reasons = decide(write_run(tmp_path / "run", cases, sanitizer))
     assert reasons["branch_verify"] == []
     assert reasons["mixture_verify"] == [
         "1 staged cases that may run its kernel failed (test_mixture_verify::test_c[cuda-staged])"]
@@ -81,7 +89,7 @@ def test_a_staged_failure_in_another_module_blocks_the_ops_it_may_have_run(tmp_p
         ("test_drafter", "test_block[cuda-bf16]", "failed"),                              # verified kernels
         ("test_slot_cache", "test_no_params", "failed"),                                  # not parametrised staged
     ]
-    reasons = promote_staged.decide(write_run(tmp_path / "run", cases, CLEAN))
+    reasons = decide(write_run(tmp_path / "run", cases, CLEAN))
     everywhere = "test_tree_verification::test_trie_walk[cuda-staged-T0.7]"
     assert reasons["sample_tokens"] == [f"2 staged cases that may run its kernel failed "
                                         f"(test_ops_compile::test_compiled[cuda-staged-sample_tokens], {everywhere})"]
@@ -91,7 +99,7 @@ def test_a_staged_failure_in_another_module_blocks_the_ops_it_may_have_run(tmp_p
 
 def test_an_interrupted_run_promotes_nothing(tmp_path):
     run = write_run(tmp_path / "run", OWN_PASSING, CLEAN, stopped_at_limit=True)
-    for why in promote_staged.decide(run).values():
+    for why in decide(run).values():
         assert why == ["the staged tests stopped at their time limit (or say nothing of it): not every staged "
                        "case ran"]
 
@@ -100,12 +108,43 @@ def test_tests_and_sanitizer_from_different_code_promote_nothing(tmp_path):
     other_commit = write_run(tmp_path / "commit", OWN_PASSING, CLEAN, sanitizer_stamp=dict(commit="1" * 40))
     other_tree = write_run(tmp_path / "tree", OWN_PASSING, CLEAN, sanitizer_stamp=dict(csrc_sha="0" * 16))
     for run in (other_commit, other_tree):
-        for why in promote_staged.decide(run).values():
+        for why in decide(run).values():
             assert len(why) == 1 and why[0].startswith("tests and sanitizer ran different code")
     unknown = write_run(tmp_path / "unknown", OWN_PASSING, CLEAN, tests_stamp=dict(commit="unknown"),
                         sanitizer_stamp=dict(commit="unknown"))
     assert all(why == ["the staged tests name no commit (set DBLAST_COMMIT on a machine without .git)"]
-               for why in promote_staged.decide(unknown).values())
+               for why in decide(unknown).values())
+
+
+def test_a_run_of_other_kernels_than_its_commits_promotes_nothing(tmp_path):
+    run = write_run(tmp_path / "run", OWN_PASSING, CLEAN)
+    for why in promote_staged.decide(run, lambda commit: "0" * 16).values():
+        assert why == [f"the machine's csrc/ ({STAMP['csrc_sha']}) is not commit {STAMP['commit'][:12]}'s "
+                       f"({'0' * 16}): uncommitted kernels ran"]
+    for why in promote_staged.decide(run, lambda commit: None).values():
+        assert why == [f"commit {STAMP['commit']} is not in this clone: its csrc/ cannot be compared with the run's"]
+
+
+def head_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("needs the git clone")
+
+
+def test_the_commits_csrc_hash_is_the_one_the_device_computes(tmp_path):
+    """device_check.sh hashes csrc/ on the machine (no .git there); promote_staged.py hashes the
+    named commit's csrc/ from git: the same committed files give the same hash."""
+    head = head_commit()
+    command = re.search(r"^CSRC_SHA=\$\((.*)\)$", open(os.path.join(ROOT, "bench", "device_check.sh")).read(),
+                        re.M).group(1)
+    archive = subprocess.run(["git", "archive", head, "csrc"], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x"], input=archive, cwd=tmp_path, check=True)
+    on_the_machine = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True,
+                                    check=True).stdout.strip()
+    assert promote_staged.commit_csrc_sha(head) == on_the_machine and len(on_the_machine) == 16
+    assert promote_staged.commit_csrc_sha("0" * 40) is None
 
 
 def test_a_report_without_a_stamp_or_sanitizer_promotes_nothing(tmp_path):
@@ -114,7 +153,7 @@ def test_a_report_without_a_stamp_or_sanitizer_promotes_nothing(tmp_path):
     (folder / "tests-staged.xml").write_text(
         '<testsuites><testsuite name="pytest"><testcase classname="python_tests.test_sample_tokens" '
         'name="t[cuda-staged]"/></testsuite></testsuites>')
-    reasons = promote_staged.decide(str(folder))["sample_tokens"]
+    reasons = decide(str(folder))["sample_tokens"]
     assert reasons[:3] == ["the staged tests name no commit (set DBLAST_COMMIT on a machine without .git)",
                            "the staged tests stopped at their time limit (or say nothing of it): not every staged "
                            "case ran", "sanitizer.txt names no commit"]
@@ -149,14 +188,14 @@ def test_the_device_checks_writers_give_what_the_decision_reads(tmp_path):
                         "cases=test_real[cuda-staged-V151936-T0.7-k20-p0.9];test_ties[cuda-staged-k100]")
     (run / "sanitizer.txt").write_text(f"# commit {STAMP['commit']} csrc_sha {STAMP['csrc_sha']} gpu {STAMP['gpu']}\n"
                                        + "".join(line + "\n" for line in lines))
-    reasons = promote_staged.decide(str(run))
+    reasons = decide(str(run))
     assert reasons["mixture_verify"] == ["racecheck exited 124", "racecheck did not finish (no error summary)"]
     assert all(why == [] for op, why in reasons.items() if op != "mixture_verify")
     # pytest never wrote a report (killed): the stamped empty report promotes nothing
     report.unlink()
     promote_staged.stamp_junit(str(report), STAMP["commit"], STAMP["csrc_sha"], STAMP["gpu"], 124, 110)
     assert all("the staged tests stopped at their time limit (or say nothing of it): not every staged case ran"
-               in why for why in promote_staged.decide(str(run)).values())
+               in why for why in decide(str(run)).values())
 
 
 def test_promotion_rewrites_the_ops_line_and_row_only(tmp_path):
@@ -174,7 +213,10 @@ def test_promotion_rewrites_the_ops_line_and_row_only(tmp_path):
 
 
 def test_the_command_reports_and_a_dry_run_changes_nothing(tmp_path):
-    run = write_run(tmp_path / "run1", [("test_branch_verify", "t[cuda-staged]", "passed")], CLEAN)
+    head = head_commit()
+    committed = dict(commit=head, csrc_sha=promote_staged.commit_csrc_sha(head))
+    run = write_run(tmp_path / "run1", [("test_branch_verify", "t[cuda-staged]", "passed")], CLEAN,
+                    tests_stamp=committed, sanitizer_stamp=committed)
     before = open(promote_staged.PROMOTED_H).read()
     out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "promote_staged.py"), run, "--dry-run"],
                          capture_output=True, text=True, check=True).stdout
