@@ -22,9 +22,10 @@ verification costs more than it commits, d* = 0 and the loop decodes plainly. Th
   outcome: greedy-branch verification reports min(1, p / q) at every verified position
   (`VerifyResult.accept_probs`), trie verification the walk's chance of reaching each depth
   (`TrieWalk.depth_reach`), so one cycle informs every position it verified.
-- C(n, d): a `CostTable`, measured once per machine, model pair, dtype and decoding settings by
-  timing the decode loop itself (`calibrate_costs`), cached on disk (`cost_table_path`) and
-  never re-timed during a generation.
+- C(n, d): learned from the cycles the generation runs (a `learned_costs.LearnedCosts`: the
+  controller times each cycle; where nothing is known yet it takes plain steps and drafts to learn
+  only within a budget), starting from what earlier generations timed or a measured `CostTable`
+  (`calibrate_costs`), cached on disk (`cost_table_path`); or a fixed table the caller gives.
 Bounded exploration: every `probe_interval` cycles a cycle verifies deeper than d* (what changed
 there can only be seen by verifying it): one position deeper, or more where they cost little more
 (`probe_depth`), at most PROBE_BUDGET of the time in expectation; a probe from d* = 0 runs the
@@ -34,14 +35,15 @@ Exactness: the depth is chosen before the cycle draws anything and depends only 
 cycles (what they committed and the acceptance probabilities they reported) and the cost table.
 Whatever d is, the cycle's committed tokens follow the target's distribution (a shorter chain is
 verified exactly like a longer one; d = 0 samples the target directly), so the output
-distribution is the target's, and with the same cost table and seeds the output is the same
-token for token. The controller only decides how fast.
+distribution is the target's (the timings a learned cost reads are of earlier cycles), and with
+the same fixed cost table and seeds the output is the same token for token. The controller only decides how fast.
 """
 import hashlib
 import json
 import math
 import os
 import platform
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Protocol, Sequence
 
@@ -181,7 +183,9 @@ class AdaptiveDepth:
 
     needs_costs = True
 
-    def __init__(self, alpha: float = ALPHA, probe_budget: float = PROBE_BUDGET):
+    def __init__(self, alpha: float = ALPHA, probe_budget: float = PROBE_BUDGET, clock=time.perf_counter):
+        """`clock`: seconds, read once per `depth` call to time the cycles when the costs are
+        learned (dblast_ext.learned_costs); tests give their own."""
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
         if not 0 < probe_budget <= 1:
@@ -199,13 +203,31 @@ class AdaptiveDepth:
         self.cycle = 0
         self.since_probe = 0
         self.chosen: List[int] = []
+        self.clock = clock
+        self.learner = None  # a LearnedCosts when the costs are learned while decoding
+        self._running = None  # (rows, depth, start, unseen, after a drafting cycle) of the cycle under way
+        self.learning_spent = 0.0  # seconds the learning cycles cost beyond plain steps
 
     def start(self, rows: int, max_depth: int, costs=None, catch_up=0.0) -> None:
-        """`costs`: C(d) for d = 0..max_depth, or a callable giving them for a number of rows;
+        """`costs`: C(d) for d = 0..max_depth, or a callable giving them for a number of rows, or
+        a `learned_costs.LearnedCosts` that this controller refines with the cycles it times;
         `catch_up`: seconds per context token the drafter reads beyond a drafting cycle's own (or
-        a callable of the rows)."""
+        a callable of the rows; a LearnedCosts gives its own)."""
         if costs is None:
-            raise ValueError("AdaptiveDepth needs the batch's cost curve (a CostTable's costs)")
+            raise ValueError("AdaptiveDepth needs the batch's cost curve (a CostTable's costs or a LearnedCosts)")
+        self.max_depth = max_depth
+        self.rows = [[PRIOR_ACCEPTANCE] * max_depth for _ in range(rows)]
+        self.weights = [[float(PRIOR_WEIGHT)] * max_depth for _ in range(rows)]
+        self.observed = [[False] * max_depth for _ in range(rows)]
+        self.cycle = 0
+        self.since_probe = 0
+        self.chosen = []
+        self._running, self.learning_spent = None, 0.0
+        self.learner = costs if hasattr(costs, "record") else None
+        if self.learner is not None:
+            self.cost_curve = self.catch_up_curve = None
+            self.costs, self.catch_up = [], 0.0  # read from the learner before each cycle
+            return
         self.cost_curve = costs if callable(costs) else None
         self.catch_up_curve = catch_up if callable(catch_up) else None
         self.costs = list(costs(rows)) if callable(costs) else list(costs)
@@ -214,13 +236,6 @@ class AdaptiveDepth:
             raise ValueError(f"catch_up must be a finite number of seconds >= 0, got {self.catch_up}")
         if len(self.costs) < max_depth + 1 or not all(c > 0 and math.isfinite(c) for c in self.costs):
             raise ValueError(f"costs must give a finite cost > 0 for every depth 0..{max_depth}, got {self.costs}")
-        self.max_depth = max_depth
-        self.rows = [[PRIOR_ACCEPTANCE] * max_depth for _ in range(rows)]
-        self.weights = [[float(PRIOR_WEIGHT)] * max_depth for _ in range(rows)]
-        self.observed = [[False] * max_depth for _ in range(rows)]
-        self.cycle = 0
-        self.since_probe = 0
-        self.chosen = []
 
     def rates(self) -> List[float]:
         """The expected committed tokens per second over the active rows at each depth d."""
@@ -273,6 +288,20 @@ class AdaptiveDepth:
 
     def depth(self, unseen: int = 0, remaining: int = 0) -> int:
         """The depth of the next cycle; `unseen` and `remaining` as in DepthController."""
+        if self.learner is not None:
+            now = self._learn()
+            d = self._steady_depth(unseen, remaining) if self.costs else self._learning_depth(unseen, remaining)
+            self._running = (len(self.rows), d, now, unseen, bool(self.chosen) and self.chosen[-1] > 0)
+            self.cycle += 1
+            self.chosen.append(d)
+            return d
+        d = self._steady_depth(unseen, remaining)
+        self.cycle += 1
+        self.chosen.append(d)
+        return d
+
+    def _steady_depth(self, unseen: int, remaining: int) -> int:
+        """d* from the cost curve (a probe deeper every probe_interval cycles)."""
         rates = self.rates()
         d = chosen_depth(rates)
         catch_up = self.catch_up_cost(unseen)
@@ -281,9 +310,43 @@ class AdaptiveDepth:
         self.since_probe += 1
         if d < self.max_depth and self.since_probe >= self.probe_interval(d, catch_up):
             d, self.since_probe = self.probe_depth(d), 0
-        self.cycle += 1
-        self.chosen.append(d)
         return d
+
+    def _learn(self) -> float:
+        """Times the cycle that just ended into the learner and reads the cost curve at the
+        batch's size (empty where it is not known yet). Returns the time now."""
+        now = self.clock()
+        if self._running is not None:
+            rows, d, started, unseen, after_draft = self._running
+            self.learner.record(rows, d, now - started, unseen, after_draft)
+            if d > 0 and not self.costs:  # a learning cycle: what it cost beyond a plain step
+                plain = self.learner.plain_cost(rows) or 0.0
+                self.learning_spent += max(0.0, now - started - plain)
+        curve = self.learner.curve(len(self.rows)) if self.rows else None
+        self.costs = list(curve) if curve is not None else []
+        self.catch_up = self.learner.catch_up(len(self.rows)) if curve is not None else 0.0
+        return now
+
+    def _learning_depth(self, unseen: int, remaining: int) -> int:
+        """The depth of a cycle before the batch size's drafting cost is known: a plain step until
+        its own cost is timed, then the whole block where the most that cycle could lose (its cost
+        beyond a plain step, each row committing at least one token either way: PRIOR_DRAFT_RATIO
+        and PRIOR_CATCH_UP before any drafting cycle was timed, the timed one's after) fits in what
+        is left of LEARN_BUDGET of the plain decoding time ahead; else a plain step."""
+        from .learned_costs import LEARN_BUDGET, PRIOR_CATCH_UP, PRIOR_DRAFT_RATIO
+
+        rows = len(self.rows)
+        plain = self.learner.plain_cost(rows)
+        if plain is None or self.max_depth == 0:
+            return 0
+        timed = self.learner.drafting_cost(rows, self.max_depth)
+        if timed is not None:
+            bound = timed - plain
+        else:
+            catch_up_tokens = max(0, unseen - STEADY_UNSEEN * rows)
+            bound = (PRIOR_DRAFT_RATIO - 1) * plain + PRIOR_CATCH_UP * plain * catch_up_tokens / rows
+        ahead = plain * (self.cycle + remaining / rows)  # the whole generation, decoded plainly
+        return self.max_depth if bound <= LEARN_BUDGET * ahead - self.learning_spent else 0
 
     def observe(self, depth: int, acceptance: Sequence[Sequence[float]]) -> None:
         """acceptance[r][j - 1]: row r's conditional acceptance a[j] as this cycle measured it,
@@ -323,12 +386,14 @@ class CostTable:
     (d = 0..D), `tree[d]` for trie verification capped at depth d (one prompt); and the seconds
     per context token the drafter reads beyond a drafting cycle's own (after plain steps, or the
     prompt): `chain_catch_up[n]`, `tree_catch_up`. `key` names what it was measured for
-    (machine, models, dtype, settings: `cost_key`)."""
+    (machine, models, dtype, settings: `cost_key`). `learned`: what generations timed
+    (dblast_ext.learned_costs): {"chain" | "tree": {"costs": {n: {d: seconds}}, "catch_up": {n: seconds}}}."""
     key: Dict[str, object] = field(default_factory=dict)
     chain: Dict[int, List[float]] = field(default_factory=dict)
     tree: Optional[List[float]] = None
     chain_catch_up: Dict[int, float] = field(default_factory=dict)
     tree_catch_up: Optional[float] = None
+    learned: Dict[str, dict] = field(default_factory=dict)
 
     def catch_up(self, rows: int) -> float:
         """Seconds per unseen context token at batch size `rows`: measured, or linear between
@@ -371,7 +436,7 @@ class CostTable:
         return {"version": COST_TABLE_VERSION, "key": self.key,
                 "chain": {str(n): costs for n, costs in sorted(self.chain.items())}, "tree": self.tree,
                 "chain_catch_up": {str(n): c for n, c in sorted(self.chain_catch_up.items())},
-                "tree_catch_up": self.tree_catch_up}
+                "tree_catch_up": self.tree_catch_up, "learned": self.learned}
 
     @classmethod
     def from_json(cls, data: dict, source: str = "cost table") -> "CostTable":
@@ -382,15 +447,23 @@ class CostTable:
             tree = None if data.get("tree") is None else [float(c) for c in data["tree"]]
             chain_catch_up = {int(n): float(c) for n, c in (data.get("chain_catch_up") or {}).items()}
             tree_catch_up = None if data.get("tree_catch_up") is None else float(data["tree_catch_up"])
+            learned = {mode: {"costs": {str(int(n)): {str(int(d)): float(c) for d, c in depths.items()}
+                                        for n, depths in (section.get("costs") or {}).items()},
+                              "catch_up": {str(int(n)): float(c) for n, c in (section.get("catch_up") or {}).items()}}
+                       for mode, section in (data.get("learned") or {}).items() if mode in ("chain", "tree")}
         except (TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"{source}: malformed costs ({error})") from None
         for costs in list(chain.values()) + ([tree] if tree else []):
             if not costs or not all(c > 0 and math.isfinite(c) for c in costs):
                 raise ValueError(f"{source}: every cost must be a finite number of seconds > 0, got {costs}")
-        for c in list(chain_catch_up.values()) + ([] if tree_catch_up is None else [tree_catch_up]):
+        learned_costs = [c for section in learned.values() for depths in section["costs"].values() for c in depths.values()]
+        if not all(c > 0 and math.isfinite(c) for c in learned_costs):
+            raise ValueError(f"{source}: every learned cost must be a finite number of seconds > 0")
+        learned_catch_up = [c for section in learned.values() for c in section["catch_up"].values()]
+        for c in list(chain_catch_up.values()) + ([] if tree_catch_up is None else [tree_catch_up]) + learned_catch_up:
             if not (c >= 0 and math.isfinite(c)):
                 raise ValueError(f"{source}: every catch-up cost must be a finite number of seconds >= 0, got {c}")
-        return cls(dict(data.get("key") or {}), chain, tree, chain_catch_up, tree_catch_up)
+        return cls(dict(data.get("key") or {}), chain, tree, chain_catch_up, tree_catch_up, learned)
 
     def save(self, path: str) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

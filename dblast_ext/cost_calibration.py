@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .adaptive import STEADY_UNSEEN, CostTable, ScriptedDepth, cost_table_path, machine_description
+from .learned_costs import cost_line
 
 __all__ = ["calibrate_costs", "ensure_costs", "cached_table", "cost_key", "smooth_costs", "CALIBRATION_PROMPT_TOKENS", "CALIBRATION_REPEATS"]
 
@@ -122,17 +123,10 @@ def _time_cycles(decoder, rows: int, tree: bool, repeats: int) -> List[float]:
 
 def smooth_costs(medians: Sequence[float]) -> List[float]:
     """The measured cost curve as the loop's cost model: C(0), a plain step, as measured; for
-    d >= 1 a drafter pass plus d positions verified, C(d) = a + b d, fitted by least squares (b >= 0).
-    Deeper cycles never cost less, and timing noise between depths of nearly equal cost (a trie
-    under a node budget, whose rows hardly change with its depth) no longer decides the depth."""
+    d >= 1 the line a + b d fitted to the drafting depths (`learned_costs.cost_line`)."""
     if len(medians) <= 2:
         return list(medians)
-    depths = list(range(1, len(medians)))
-    mean_d = sum(depths) / len(depths)
-    mean_c = sum(medians[1:]) / len(depths)
-    spread = sum((d - mean_d) ** 2 for d in depths)
-    slope = max(0.0, sum((d - mean_d) * (c - mean_c) for d, c in zip(depths, medians[1:])) / spread)
-    return [medians[0]] + [mean_c + slope * (d - mean_d) for d in depths]
+    return [medians[0]] + cost_line({d: c for d, c in enumerate(medians) if d}, len(medians) - 1)
 
 
 def cost_key(decoder) -> Dict[str, object]:

@@ -34,6 +34,7 @@ from .autoregressive import sample_autoregressive, sample_autoregressive_batch
 from .drafter import DBlastDrafter
 from .drafter_io import check_against_target
 from .draft_vocabulary import DraftVocab
+from .learned_costs import LearnedCosts
 from .generation import (TARGET_CACHES, CycleRecord, GenerationOutput, append_context, check_target_cache, draw_uniforms,
                          keep_until_stop, prompt_lists, prompt_tensor, row_generators, stop_id_set)
 from .proposer import (DrafterProposer, Proposal, Proposer, SparseProposal, check_proposal, check_proposer,
@@ -104,10 +105,12 @@ class SpeculativeDecoder:
         the depth (0 to the whole block; 0 is a plain target step) that maximises the expected
         committed tokens per second from each row's measured acceptance and `cost_table`; "off"
         verifies the whole block every cycle; or any `adaptive.DepthController`. `cost_table`: a
-        `CostTable` or the path of one (`dblast calibrate --cost`); None: measured for this pair,
-        dtype and these settings at first use (a few seconds per batch size) and cached on disk.
-        Neither changes the output distribution; with the same cost table and seeds, the output
-        is the same token for token.
+        `CostTable` or the path of one (`dblast calibrate --cost`), used as it is; None: learned
+        from the cycles each generation runs, starting from what earlier generations of this pair,
+        dtype and these settings timed (cached on disk; dblast_ext.learned_costs), with no
+        measurement before the first. Neither changes the output distribution; with the same
+        cost table and seeds, the output is the same token for token (learned costs vary with
+        the machine's timings, and a row's tokens at T > 0 with the depths).
         `cuda_graphs`: replay the cycle's device work from CUDA graphs (dblast_ext.cuda_graphs:
         drafter pass, verify forward and verifier, captured per batch bucket and shape on first
         use). Staged: off by default until a GPU run promotes it. True needs the target on CUDA,
@@ -273,7 +276,14 @@ class SpeculativeDecoder:
         """Speculative sampling of one prompt; `on_tokens(new_ids)` is called with the tokens each
         cycle commits (for streaming), in order, ending with the last token returned."""
         if self.verify == "tree":
-            return self._generate_tree(input_ids, sampling, max_new_tokens, stop_token_ids, seed, on_tokens)
+            prompt_tensor(input_ids, max_new_tokens, "cpu", self.target.vocab_size)  # before the controller starts
+            stop_id_set(stop_token_ids, self.target.vocab_size)
+            controller = self._start_controller(1, tree=True)
+            try:
+                return self._generate_tree(input_ids, sampling, max_new_tokens, stop_token_ids, seed, on_tokens,
+                                           controller)
+            finally:
+                self._save_learned(controller)
         prompt_tensor(input_ids, max_new_tokens, "cpu", self.target.vocab_size)  # the single-prompt checks
         stream = (lambda row, ids: on_tokens(ids)) if on_tokens else None
         return self.generate_batch([torch.as_tensor(input_ids).view(-1).tolist()], sampling, max_new_tokens,
@@ -297,7 +307,10 @@ class SpeculativeDecoder:
         rows = prompt_lists(prompts, max_new_tokens, self.target.vocab_size)
         stop_id_set(stop_token_ids, self.target.vocab_size)  # before the controller's calibration
         controller = self._start_controller(len(rows), tree=False)
-        return self._generate_batch(rows, sampling, max_new_tokens, stop_token_ids, seeds, on_tokens, controller)
+        try:
+            return self._generate_batch(rows, sampling, max_new_tokens, stop_token_ids, seeds, on_tokens, controller)
+        finally:
+            self._save_learned(controller)
 
     def _generate_batch(self, rows: List[List[int]], sampling: Optional[SamplingParams], max_new_tokens: int,
                         stop_token_ids: Optional[Sequence[int]], seeds: Optional[Sequence[int]],
@@ -442,14 +455,27 @@ class SpeculativeDecoder:
         return controller
 
     def _costs(self, rows: int, tree: bool):
-        """(the cost curve, the catch-up cost) of a generation of `rows` prompts: C(d) for
-        d = 0..D and seconds per unseen context token (trie), or functions of the number of rows
-        (a batch, whose rows finish one by one). Measured here, before the generation starts, if
-        the cost table lacks them."""
-        from .cost_calibration import ensure_costs
+        """(the cost curve, the catch-up cost) of a generation of `rows` prompts. A `cost_table`
+        given to the decoder that holds them: C(d) for d = 0..D and seconds per unseen context
+        token (trie), or functions of the number of rows (a batch, whose rows finish one by one),
+        used as they are. Otherwise a `LearnedCosts` over the cached table of the decoder's key
+        (`cost_calibration.cost_key`), which the controller refines from the cycles it times;
+        nothing is measured before the generation starts."""
+        from .cost_calibration import cached_table
 
-        table = ensure_costs(self, rows, tree)
-        return (list(table.tree), table.tree_catch_up or 0.0) if tree else (table.chain_costs, table.catch_up)
+        table, path = self.cost_table, None
+        if table is not None and (table.tree is not None if tree else bool(table.chain)):
+            return (list(table.tree), table.tree_catch_up or 0.0) if tree else (table.chain_costs, table.catch_up)
+        if table is None:
+            table, path = cached_table(self)
+        return LearnedCosts(table, tree, self.proposer.block_size - 1, path), 0.0
+
+    @staticmethod
+    def _save_learned(controller) -> None:
+        """Writes the costs a controller timed into their cache (the next generation starts from them)."""
+        learner = getattr(controller, "learner", None)
+        if learner is not None:
+            learner.save()
 
     # The cycle's device-side steps, between the uniforms' draw and the host read. With the static
     # target cache and validate=False they trace as one graph (torch.compile fullgraph: no graph
@@ -693,11 +719,15 @@ class SpeculativeDecoder:
                            [int(branch[0])], drafts=int(draft.shape[1]))
 
     def prepare(self, rows: int = 1) -> None:
-        """The adaptive controller's cost table for generations of up to `rows` prompts (and for
-        trie verification), measured now if the table lacks it, so no timed generation pays for
-        it; nothing to do for other controllers."""
+        """Measures the adaptive controller's whole cost table for generations of up to `rows`
+        prompts (and for trie verification) now, if the cached table lacks it: every depth at
+        batch sizes 1, 2, 4, ... (seconds to minutes; `dblast calibrate --cost` does the same).
+        Not needed: without it the controller learns the costs from the cycles it runs. For
+        benchmarks that compare against a fully measured table; nothing to do for other controllers."""
         if self.controller == "adaptive" or getattr(self.controller, "needs_costs", False):
-            self._costs(rows, tree=self.verify == "tree")
+            from .cost_calibration import ensure_costs
+
+            ensure_costs(self, rows, tree=self.verify == "tree")
 
     def warm_up(self, input_ids, sampling: Optional[SamplingParams] = None, *, target_only: bool = True,
                 stop_token_ids: Optional[Sequence[int]] = None) -> None:

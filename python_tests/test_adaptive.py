@@ -9,10 +9,11 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from dblast_ext import adaptive, cost_calibration  # noqa: E402
+from dblast_ext import adaptive, cost_calibration, learned_costs  # noqa: E402
 from dblast_ext.adaptive import (AdaptiveDepth, CostTable, FixedDepth, ScriptedDepth,  # noqa: E402
                                  expected_committed)
 from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.learned_costs import LearnedCosts  # noqa: E402
 from decoding_cases import (MASK, SMALL_PROMPT, SMALL_VOCAB, BatchOracleProposer, exact_prefix_joint,  # noqa: E402
                             hf_greedy, make_decoder, oracle_decoder)
 from losslessness import chi_square_pvalue  # noqa: E402
@@ -250,6 +251,8 @@ def test_a_controller_choosing_a_depth_outside_the_block_is_named(tmp_path):
 
 
 def test_calibration_times_every_depth_and_is_cached_once(tmp_path, monkeypatch):
+    """`prepare` (and `dblast calibrate --cost`) measure the whole table; a generation measures
+    nothing before it starts."""
     monkeypatch.setenv("DBLAST_COST_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(cost_calibration, "_LOADED", {})
     timed = []
@@ -258,20 +261,153 @@ def test_calibration_times_every_depth_and_is_cached_once(tmp_path, monkeypatch)
                         lambda dec, rows, tree, repeats: timed.append((rows, tree)) or real(dec, rows, tree, repeats))
     dec = make_decoder(tmp_path, branches=2, block_size=4, controller="adaptive")
     dec.generate_batch(PROMPTS[:3], SamplingParams(1.0), max_new_tokens=6)
-    assert timed == [(1, False), (2, False), (4, False)]  # powers of two up to the batch, before it ran
+    assert timed == []  # the costs are learned from the generation's own cycles
+    dec.prepare(3)
+    assert timed == [(1, False), (2, False), (4, False)]  # powers of two up to the batch
     files = list((tmp_path / "cache").iterdir())
     assert len(files) == 1
     table = CostTable.load(str(files[0]))
     assert sorted(table.chain) == [1, 2, 4] and all(len(c) == 4 and min(c) > 0 for c in table.chain.values())
     assert table.key["block_size"] == 4 and table.key["verify"] == "branch"
-    dec.generate(PROMPTS[0], SamplingParams(1.0), max_new_tokens=6)
+    assert table.learned["chain"]["costs"]  # what the generation timed, kept beside the measured table
     monkeypatch.setattr(cost_calibration, "_LOADED", {})  # a new process reads the file: nothing timed again
-    make_decoder(tmp_path, branches=2, block_size=4, controller="adaptive").generate(PROMPTS[0], max_new_tokens=4)
+    again = make_decoder(tmp_path, branches=2, block_size=4, controller="adaptive")
+    again.prepare(3)
+    again.generate(PROMPTS[0], max_new_tokens=4)
     assert timed == [(1, False), (2, False), (4, False)]
     # the trie has a curve of its own
     tree = make_decoder(tmp_path, branches=2, block_size=4, verify="tree", controller="adaptive")
     tree.prepare()
     assert timed[-1] == (1, True)
+
+
+# ------------------------------------------------------------------ costs learned while decoding
+
+
+class FakeClock:
+    """A cycle's time is what `cost(rows, depth)` says (the depth and rows of the cycle the
+    controller chose last); a drafting cycle after plain steps adds `catch_up` per unseen token."""
+
+    def __init__(self, cost, catch_up=0.0):
+        self.cost, self.catch_up, self.now, self.controller = cost, catch_up, 0.0, None
+
+    def __call__(self):
+        c = self.controller
+        if c is not None and c._running is not None:
+            rows, d, _, unseen, after_draft = c._running
+            extra = self.catch_up * max(0, unseen - adaptive.STEADY_UNSEEN * rows) if d and not after_draft else 0.0
+            self.now += self.cost(rows, d) + extra
+        return self.now
+
+
+def learning_controller(cost, rows=1, max_depth=7, table=None, catch_up=0.0):
+    clock = FakeClock(cost, catch_up)
+    controller = AdaptiveDepth(clock=clock)
+    clock.controller = controller
+    learner = LearnedCosts(table or CostTable(), tree=False, max_depth=max_depth)
+    controller.start(rows, max_depth, learner)
+    return controller, learner
+
+
+def run_cycles(controller, cycles, acceptance, remaining, unseen_start=100):
+    """`cycles` cycles with `acceptance` at every position (each row committing a token a cycle,
+    as far as `remaining` counts); returns the depths chosen."""
+    unseen, rows = unseen_start * len(controller.rows), len(controller.rows)
+    for i in range(cycles):
+        d = controller.depth(unseen, remaining - i * rows)
+        controller.observe(d, [[acceptance] * controller.max_depth for _ in range(rows)])
+        unseen = unseen + rows if d == 0 else rows * 2
+    return controller.chosen
+
+
+def test_with_no_costs_known_it_times_plain_steps_then_learns_drafting_where_the_budget_allows():
+    # batch 1, a long generation: drafting costs 1.5 steps and is accepted: it drafts from the third cycle
+    controller, learner = learning_controller(lambda rows, d: 1.0 if d == 0 else 1.4 + 0.02 * d)
+    depths = run_cycles(controller, 40, 0.8, remaining=256)
+    assert depths[0] == 0  # nothing known: a plain step, which times the plain cost
+    assert depths[1] == 7  # the most a learning cycle could lose fits in the budget of 256 plain steps
+    assert all(d == 7 for d in depths[2:])
+    assert learner.curve(1)[0] == pytest.approx(1.0) and learner.curve(1)[7] == pytest.approx(1.54)
+    assert learner.catch_up(1) == 0.0
+
+
+def test_a_short_generation_of_a_big_batch_never_risks_a_learning_cycle():
+    """48 tokens at batch 16: even one drafting cycle at the prior's bound (PRIOR_DRAFT_RATIO plain
+    steps) would cost more than LEARN_BUDGET of the generation, so every cycle is a plain step."""
+    controller, learner = learning_controller(lambda rows, d: 1.0 if d == 0 else 3.6, rows=16)
+    depths = run_cycles(controller, 48, 0.6, remaining=16 * 48)
+    assert depths == [0] * 48
+    assert learner.curve(16) is None and learner.plain_cost(16) == pytest.approx(1.0)
+
+
+def test_learning_where_drafting_does_not_pay_costs_at_most_the_budget():
+    steps = 400
+    cost = lambda rows, d: 1.0 if d == 0 else 3.6  # noqa: E731
+    controller, _ = learning_controller(cost, rows=4)
+    depths = run_cycles(controller, steps, 0.5, remaining=4 * steps)
+    assert depths[1:3] == [7, 7]  # it learns what drafting costs (a catch-up cycle, then a steady one)
+    spent = sum(cost(4, d) for d in depths)
+    # every cycle commits >= 1 token a row, so learning and probing lose at most their cost beyond a step
+    assert spent <= steps * (1 + learned_costs.LEARN_BUDGET + adaptive.PROBE_BUDGET)
+    assert depths[3:].count(0) / len(depths[3:]) > 0.9
+
+
+def test_the_catch_up_cost_is_learned_from_the_first_drafting_cycle():
+    controller, learner = learning_controller(lambda rows, d: 1.0 if d == 0 else 1.5, catch_up=0.01)
+    run_cycles(controller, 6, 0.8, remaining=256, unseen_start=100)
+    # the first drafting cycle read the prompt and the plain step's token: 101 beyond its steady 2
+    assert learner.catch_up(1) == pytest.approx(0.01)
+
+
+def test_a_measured_table_is_refined_by_the_timed_cycles_and_the_timings_are_saved(tmp_path):
+    table = CostTable(chain={1: [1.0, 1.2, 1.3, 1.4]})
+    learner = LearnedCosts(table, tree=False, max_depth=3, path=str(tmp_path / "costs.json"))
+    assert learner.curve(1) == [1.0, 1.2, 1.3, 1.4]  # the table until something is timed
+    for _ in range(3):
+        learner.record(1, 3, 2.8, unseen=2, after_draft=True)  # this machine is twice as slow at drafting
+    # the table's shape scaled to the timed depth; the plain step too, until one is timed (a machine
+    # slower at one is most often slower at both)
+    assert learner.curve(1) == pytest.approx([2.0, 2.4, 2.6, 2.8])
+    learner.record(1, 0, 1.5, unseen=1, after_draft=False)
+    assert learner.curve(1) == pytest.approx([1.5, 2.4, 2.6, 2.8])
+    learner.save()
+    kept = CostTable.load(str(tmp_path / "costs.json"))
+    assert kept.learned["chain"]["costs"]["1"] == {"0": 1.5, "3": 2.8}
+    again = LearnedCosts(kept, tree=False, max_depth=3)
+    assert again.curve(1) == pytest.approx([1.5, 2.4, 2.6, 2.8])  # the next generation starts from them
+
+
+def test_without_a_table_the_unseen_drafting_depths_follow_the_timed_ones():
+    learner = LearnedCosts(CostTable(), tree=False, max_depth=4)
+    learner.record(2, 0, 1.0, unseen=2, after_draft=False)
+    assert learner.curve(2) is None  # no drafting cycle timed yet
+    learner.record(2, 4, 2.0, unseen=4, after_draft=True)
+    assert learner.curve(2) == pytest.approx([1.0, 2.0, 2.0, 2.0, 2.0])  # flat with one drafting depth
+    learner.record(2, 2, 1.6, unseen=4, after_draft=True)
+    assert learner.curve(2) == pytest.approx([1.0, 1.4, 1.6, 1.8, 2.0])  # the line through two
+    assert learner.curve(3) == learner.curve(2)  # a batch whose rows finish: the nearest size timed
+    assert learner.curve(5) is None  # beyond a factor of 2: learned anew
+
+
+def test_timings_are_medians_of_the_latest_window():
+    learner = LearnedCosts(CostTable(), tree=True, max_depth=2)
+    for seconds in [9.0] + [1.0] * learned_costs.WINDOW:
+        learner.record(1, 0, seconds, unseen=1, after_draft=False)
+    assert learner.plain_cost(1) is None or learner.plain_cost(1) == 1.0
+    assert learner.timings[(1, 0)] == [1.0] * learned_costs.WINDOW
+    learner.record(1, 2, 50.0, unseen=2, after_draft=False)  # a steady cycle (no catch-up) is timed as it is
+    assert learner.curve(1) == [1.0, 50.0, 50.0]
+
+
+def test_a_learned_generation_measures_nothing_first_and_keeps_the_target_exact(tmp_path, monkeypatch):
+    monkeypatch.setenv("DBLAST_COST_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cost_calibration, "_LOADED", {})
+    monkeypatch.setattr(cost_calibration, "_time_cycles", lambda *a: pytest.fail("a generation calibrated"))
+    dec = make_decoder(tmp_path, branches=2, block_size=4, controller="adaptive")
+    out = dec.generate(PROMPTS[0], SamplingParams(0.0), max_new_tokens=24)
+    assert out.token_ids == hf_greedy(dec.target.model, PROMPTS[0], 24)[: len(out.token_ids)]
+    table = CostTable.load(str(next((tmp_path / "cache").iterdir())))
+    assert table.learned["chain"]["costs"]["1"]["0"] > 0  # the plain steps it timed
 
 
 def test_a_given_cost_table_is_used_as_it_is_and_gives_reproducible_output(tmp_path):

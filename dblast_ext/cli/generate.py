@@ -53,7 +53,6 @@ def run(args) -> int:
     run_kwargs = dict(sampling=sampling, max_new_tokens=args.max_new_tokens, stop_token_ids=stops, seed=args.seed)
     if args.compare_ar:
         decoder.warm_up(ids, sampling, stop_token_ids=stops)
-    decoder.prepare()  # the adaptive controller's cost table, measured now if this is its first use (not timed)
 
     stream = None if args.json else TextStream(tokenizer, lambda text: (sys.stdout.write(text), sys.stdout.flush()))
     out, timing = timed(decoder.generate, ids, **run_kwargs, on_tokens=stream)
