@@ -1,6 +1,8 @@
 """Decoders, proposers and exact distributions shared by the decode-loop tests (test_decoding,
 test_tree_verification): tiny random targets with a DFlash-format drafter, an oracle proposer
 whose drafts the target often accepts, and the target's exact joint over a few tokens."""
+import weakref
+
 import numpy as np
 import torch
 
@@ -88,6 +90,9 @@ def exact_prefix_joint(target, prompt, sampling, length):
     return joint
 
 
+_ORACLE_DRAFTS = weakref.WeakKeyDictionary()
+
+
 class OracleProposer:
     """A proposer with drafts the target often accepts, so that deep positions, the bonus
     token and the consistent-set bookkeeping all get exercised. Branch 0 is the target's
@@ -116,7 +121,20 @@ class OracleProposer:
         return Proposal(self.draft_from_prefix(), self.prior.clone())
 
     def draft_from_prefix(self):
-        """[1, K, b]: the greedy path after self.prefix and its runner-up variants."""
+        """[1, K, b]: the greedy path after self.prefix and its runner-up variants (remembered per
+        target, its weights' versions and the prefix: the distribution tests draft the same few
+        prefixes for tens of thousands of seeds)."""
+        if self.target not in _ORACLE_DRAFTS:
+            _ORACLE_DRAFTS[self.target] = (list(self.target.parameters()), {})
+        parameters, drafts_of = _ORACLE_DRAFTS[self.target]
+        key = (tuple(p._version for p in parameters), tuple(self.prefix), self.num_branches, self.block_size,
+               str(self.device))
+        if key not in drafts_of:
+            drafts_of[key] = (self._draft_from_prefix(), self.ranked)
+        drafts, self.ranked = drafts_of[key]
+        return drafts.clone()
+
+    def _draft_from_prefix(self):
         num_draft = self.block_size - 1
         path, runner_up, self.ranked = list(self.prefix), [], []
         with torch.no_grad():

@@ -47,19 +47,22 @@ def exact_joint(p: torch.Tensor, draft: torch.Tensor, q_at) -> np.ndarray:
     return joint
 
 
-def assert_committed_tokens_follow_p(p: torch.Tensor, num_accepted: torch.Tensor, output_tokens: torch.Tensor) -> None:
+def assert_committed_tokens_follow_p(p: torch.Tensor, num_accepted: torch.Tensor, output_tokens: torch.Tensor,
+                                     min_rows: int = 2000) -> None:
     """The verifier's guarantee checked directly, with no proposal formula restated: rows that
     share one target distribution per position (p [b + 1, V], independent of the prefix) and
     draw their drafts and uniforms afresh. Position 0 of every row is the first committed
     token, so it follows p[0]; position i > 0 of the rows that accepted i drafts is the next
     committed token after a committed prefix, so it follows p[i] whatever the prefix and
-    whichever branch drafted it. Chi-square p > 1e-3 at every position with enough rows."""
+    whichever branch drafted it. Chi-square p > 1e-3 at every position; a position reached by
+    fewer than `min_rows` rows fails (the case must reach it, not leave it out unseen)."""
     num_accepted, output_tokens = num_accepted.cpu().long(), output_tokens.cpu()
     vocab = p.shape[-1]
+    reached_counts = [int((num_accepted >= i).sum()) for i in range(p.shape[0])]
+    short = [(i, n) for i, n in enumerate(reached_counts) if n < min_rows]
+    assert not short, f"positions reached by fewer than {min_rows} rows (position, rows): {short}"
     for i in range(p.shape[0]):
         reached = num_accepted >= i
-        if reached.sum() < 2000:  # too few rows at this depth for a meaningful test
-            continue
         counts = np.bincount(output_tokens[reached, i].numpy(), minlength=vocab).astype(float)
         expected = p[i].double().numpy() * counts.sum()
         assert counts[expected == 0].sum() == 0, f"position {i}: a token outside the target's support"

@@ -190,7 +190,7 @@ def test_a_sampled_chain_verified_by_sparse_verify_commits_the_targets_distribut
     """The selector's sampled chains, verified against the proposal they were drawn from, commit
     tokens that follow the target's filtered distribution at every position."""
     selector, g = _random_selector(9, top_k=6)
-    rows, b = 60000, 3
+    rows, b = 80000, 3
     hidden = torch.randn(1, b, H, generator=g).expand(rows, -1, -1)
     target = torch.randn(1, b + 1, VOCAB, generator=g) * 2
     drafter = target[:, :b] + torch.randn(1, b, VOCAB, generator=g)  # a drafter that roughly agrees
@@ -201,9 +201,10 @@ def test_a_sampled_chain_verified_by_sparse_verify_commits_the_targets_distribut
     settings = dict(temperature=temperature, top_k=0, top_p=0.95)
     result = ops.sparse_verify(target_logits, chain.tokens, chain.candidates, chain.probs,
                                generator=torch.Generator().manual_seed(11), **settings)
-    assert (result.num_accepted == b).float().mean() > 0.001
     p = reference.filter_target_probs(target_logits[0], **settings)
-    assert_committed_tokens_follow_p(p, result.num_accepted, result.output_tokens)
+    # every position, the bonus token's included, reached by at least 2,000 rows (about 2.9% of
+    # the rows at T 1.5, the fewest), or this fails
+    assert_committed_tokens_follow_p(p, result.num_accepted, result.output_tokens, min_rows=2000)
 
 
 def test_identity_convolutions_and_a_silent_selector_draft_what_dflash_does(tmp_path):

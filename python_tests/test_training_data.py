@@ -19,18 +19,10 @@ from dblast_ext.training.data import generate_training_data, read_training_data 
 from losslessness import chi_square_pvalue  # noqa: E402
 from tiny_models import write_tiny_target_dir  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, one thread
+
 EOS = 1
 SAMPLING = SamplingParams(temperature=0.8, top_k=30, top_p=0.9)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny models gain nothing from intra-op threads, and on a busy 2-core machine the
-    # OpenMP barrier waits can make every matmul take milliseconds
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
