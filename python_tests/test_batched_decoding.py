@@ -17,6 +17,8 @@ from decoding_cases import (MASK, SMALL_VOCAB, BatchOracleProposer, exact_prefix
                             make_decoder, ragged_prefill)
 from losslessness import chi_square_pvalue  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, one thread
+
 PROMPTS = [[3, 17, 42, 8, 25], [9, 4], [60, 61, 62, 63, 64, 65, 66, 67, 68], [11, 5, 7]]
 FULL = pytest.mark.slow
 

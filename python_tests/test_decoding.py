@@ -15,6 +15,8 @@ from decoding_cases import (MASK, PROMPT, SMALL_PROMPT, SMALL_VOCAB, CountingCac
 from losslessness import chi_square_pvalue  # noqa: E402
 from tiny_models import lm_head_rows, tiny_target, write_dflash_checkpoint  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, one thread
+
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 @pytest.mark.parametrize("branches", [1, 4])

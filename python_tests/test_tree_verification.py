@@ -20,6 +20,8 @@ from decoding_cases import (MASK, PROMPT, SMALL_PROMPT, SMALL_VOCAB, exact_prefi
 from losslessness import chi_square_pvalue  # noqa: E402
 from tiny_models import tiny_target  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, one thread
+
 
 # --- the trie ----------------------------------------------------------------------------------
 
