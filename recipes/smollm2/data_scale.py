@@ -8,9 +8,10 @@ instructions weigh half, as in real use), its sampling setting (T 0.7 / top-p 0.
 top-p 0.95, both top-k 20: the DBLast data setting and the package's demo setting), and its
 prompts:
   chat  instructions SmolLM2 writes itself from the chat template's pre-query prefix (Magpie,
-        Xu et al. 2024), half of the batches started with an opener drawn from a list of how
-        people start requests ("Write", "Explain", "Can you", ...), so the instructions cover
-        writing, advice, explanation, planning and lists rather than what the bare prefix favours;
+        Xu et al. 2024), each started with an opener drawn from a list of how people start
+        requests ("Write", "Explain", "Can you", ...; none in 1 of 32), so the instructions cover
+        writing, advice, explanation, planning and lists rather than what the bare prefix favours
+        (shards 0-7 drew one opener per batch, every other batch);
   code  the documented standard-library functions of code_prompts.py (as a stub to complete or
         a description to implement) and tasks on real standard-library source (explain, test,
         annotate, refactor, review one function);
@@ -25,6 +26,7 @@ in WORK. Copies share the work under one lock per shard (one copy per core, OMP_
 
     python recipes/smollm2/data_scale.py --shards 0:8               # the first 8 shards
     python recipes/smollm2/data_scale.py --tokens 10000000          # until 10M response tokens are kept
+    bash recipes/smollm2/data_scale.sh                              # the same, a fresh process every 4 shards
     python recipes/smollm2/data_scale.py --status                   # what is kept
     python recipes/smollm2/data_scale.py --collect WORK/train.jsonl # every kept shard in one file
 """
@@ -184,20 +186,24 @@ class ChatWriter:
         self.seen = {normalised(text) for text in exclude}
 
     def shard(self, shard, size=SHARD_PROMPTS, batch_size=32, max_new_tokens=96):
+        """`size` new instructions; every row of a batch starts from its own opener (or none: half
+        the rows), drawn from (shard, batch, row), left-padded to one length."""
         torch, chosen, seen = self.torch, [], set(self.seen)
         for batch in range(50):
             if len(chosen) >= size:
                 break
-            opener = OPENERS[rank(shard, f"opener-{batch}") % len(OPENERS)] if batch % 2 else None
-            start = opener or ""
-            ids = self.prefix + (self.tokenizer(start, add_special_tokens=False)["input_ids"] if start else [])
+            starts = [OPENERS[rank(shard, f"opener-{batch}-{row}") % len(OPENERS)] or "" for row in range(batch_size)]
+            rows = [self.prefix + (self.tokenizer(start, add_special_tokens=False)["input_ids"] if start else [])
+                    for start in starts]
+            width = max(len(r) for r in rows)
+            ids = torch.tensor([[self.end] * (width - len(r)) + r for r in rows])
+            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
             torch.manual_seed(58_000_003 * (shard + 1) + batch)
-            prompt = torch.tensor([ids]).expand(batch_size, -1)
             with torch.inference_mode():
-                out = self.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, top_k=0,
-                                          temperature=1.0, top_p=0.95, max_new_tokens=max_new_tokens,
-                                          eos_token_id=self.end, pad_token_id=self.end)
-            for row in out[:, len(ids):].tolist():
+                out = self.model.generate(ids, attention_mask=mask, do_sample=True, top_k=0, temperature=1.0,
+                                          top_p=0.95, max_new_tokens=max_new_tokens, eos_token_id=self.end,
+                                          pad_token_id=self.end)
+            for start, row in zip(starts, out[:, width:].tolist()):
                 if self.end not in row:
                     continue
                 text = (start + self.tokenizer.decode(row[: row.index(self.end)], skip_special_tokens=True)).strip()
@@ -340,6 +346,9 @@ def main() -> None:
                         help="the target's dtype while sampling (default %(default)s: 1.6x float32's tokens/s "
                              "where the CPU computes bfloat16 natively; kept per store)")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--max-shards", type=int, default=None,
+                        help="stop after making this many shards (a wrapper loop then starts a fresh process: "
+                             "a long-lived one grew past 7 GB on the allocator's fragments of varied shapes)")
     parser.add_argument("--status", action="store_true", help="print what is kept and stop")
     parser.add_argument("--collect", metavar="OUT", help="write every kept shard into one JSONL file and stop")
     args = parser.parse_args()
@@ -364,11 +373,11 @@ def main() -> None:
         except ValueError:
             raise SystemExit(f"--shards must be START:END, got {args.shards!r}") from None
     run = Run(args)
-    shard = start
-    while end is None or shard < end:
+    shard, made = start, 0
+    while (end is None or shard < end) and (args.max_shards is None or made < args.max_shards):
         if args.tokens is not None and shard % 4 == 0 and status(args.store) >= args.tokens:
-            break
-        run.take(plan(shard))
+            sys.exit(3)  # the wrapper loop's signal that the set is whole
+        made += run.take(plan(shard))
         shard += 1
 
 
