@@ -322,6 +322,8 @@ class AdaptiveDepth:
             if d > 0 and not self.costs:  # a learning cycle: what it cost beyond a plain step
                 plain = self.learner.plain_cost(rows) or 0.0
                 self.learning_spent += max(0.0, now - started - plain)
+            elif not self.costs:  # a plain step while learning: the budget's base for later generations
+                self.learner.add_credit(rows, now - started)
         curve = self.learner.curve(len(self.rows)) if self.rows else None
         self.costs = list(curve) if curve is not None else []
         self.catch_up = self.learner.catch_up(len(self.rows)) if curve is not None else 0.0
@@ -332,7 +334,8 @@ class AdaptiveDepth:
         its own cost is timed, then the whole block where the most that cycle could lose (its cost
         beyond a plain step, each row committing at least one token either way: PRIOR_DRAFT_RATIO
         and PRIOR_CATCH_UP before any drafting cycle was timed, the timed one's after) fits in what
-        is left of LEARN_BUDGET of the plain decoding time ahead; else a plain step."""
+        is left of LEARN_BUDGET of the plain decoding time ahead and of the plain steps earlier
+        generations took while learning; else a plain step."""
         from .learned_costs import LEARN_BUDGET, PRIOR_CATCH_UP, PRIOR_DRAFT_RATIO
 
         rows = len(self.rows)
@@ -346,7 +349,8 @@ class AdaptiveDepth:
             catch_up_tokens = max(0, unseen - STEADY_UNSEEN * rows)
             bound = (PRIOR_DRAFT_RATIO - 1) * plain + PRIOR_CATCH_UP * plain * catch_up_tokens / rows
         ahead = plain * (self.cycle + remaining / rows)  # the whole generation, decoded plainly
-        return self.max_depth if bound <= LEARN_BUDGET * ahead - self.learning_spent else 0
+        budget = LEARN_BUDGET * (ahead + self.learner.credit(rows)) - self.learning_spent
+        return self.max_depth if bound <= budget else 0
 
     def observe(self, depth: int, acceptance: Sequence[Sequence[float]]) -> None:
         """acceptance[r][j - 1]: row r's conditional acceptance a[j] as this cycle measured it,
@@ -449,7 +453,8 @@ class CostTable:
             tree_catch_up = None if data.get("tree_catch_up") is None else float(data["tree_catch_up"])
             learned = {mode: {"costs": {str(int(n)): {str(int(d)): float(c) for d, c in depths.items()}
                                         for n, depths in (section.get("costs") or {}).items()},
-                              "catch_up": {str(int(n)): float(c) for n, c in (section.get("catch_up") or {}).items()}}
+                              "catch_up": {str(int(n)): float(c) for n, c in (section.get("catch_up") or {}).items()},
+                              "credit": {str(int(n)): float(c) for n, c in (section.get("credit") or {}).items()}}
                        for mode, section in (data.get("learned") or {}).items() if mode in ("chain", "tree")}
         except (TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"{source}: malformed costs ({error})") from None
@@ -460,6 +465,7 @@ class CostTable:
         if not all(c > 0 and math.isfinite(c) for c in learned_costs):
             raise ValueError(f"{source}: every learned cost must be a finite number of seconds > 0")
         learned_catch_up = [c for section in learned.values() for c in section["catch_up"].values()]
+        learned_catch_up += [c for section in learned.values() for c in section["credit"].values()]
         for c in list(chain_catch_up.values()) + ([] if tree_catch_up is None else [tree_catch_up]) + learned_catch_up:
             if not (c >= 0 and math.isfinite(c)):
                 raise ValueError(f"{source}: every catch-up cost must be a finite number of seconds >= 0, got {c}")

@@ -16,7 +16,8 @@ turns those timings into the cost curve it decides by:
 Where no curve is known yet (`curve` returns None), the controller learns: plain steps first
 (their cost is then known), and a drafting cycle only where what it could lose, bounded with
 pessimistic priors (PRIOR_DRAFT_RATIO, PRIOR_CATCH_UP), fits within LEARN_BUDGET of the plain
-decoding time the generation has ahead (`AdaptiveDepth.depth`). What was timed is written back
+decoding time the generation has ahead plus what earlier generations decoded plainly while
+learning (`credit`: short generations add up) (`AdaptiveDepth.depth`). What was timed is written back
 into the cache at the end of a generation, so the next one starts where this one stopped.
 
 The depth never depends on the cycle's own draws (timings are of earlier cycles), so the output
@@ -65,6 +66,10 @@ class LearnedCosts:
                     self.timings[(int(n), int(d))] = [float(seconds)]
         for n, seconds in learned.get("catch_up", {}).items():
             self.catch_ups[int(n)] = [float(seconds)]
+        # seconds of plain steps decoded while learning, by batch size: earlier generations' (the
+        # learning budget's share of them is still there to spend) and this one's
+        self.credit_before = {int(n): float(c) for n, c in learned.get("credit", {}).items()}
+        self.credit_now: Dict[int, float] = {}
         self.changed = False
 
     # -- what the controller reports
@@ -83,6 +88,16 @@ class LearnedCosts:
         if steady is not None:
             for caught_up, tokens in self.pending.pop((rows, depth), []):
                 self._keep(self.catch_ups.setdefault(rows, []), max(0.0, caught_up - steady) / tokens)
+
+    def add_credit(self, rows: int, seconds: float) -> None:
+        """A plain step decoded while the drafting cost at `rows` was unknown took `seconds`."""
+        self.credit_now[rows] = self.credit_now.get(rows, 0.0) + seconds
+        self.changed = True
+
+    def credit(self, rows: int) -> float:
+        """Seconds of plain steps earlier generations decoded while learning at `rows`: a run of
+        short generations, none long enough to afford a learning cycle alone, together can."""
+        return self.credit_before.get(rows, 0.0)
 
     def _keep(self, timings: List[float], seconds: float) -> None:
         timings.append(seconds)
@@ -167,6 +182,9 @@ class LearnedCosts:
         for n, timings in self.catch_ups.items():
             if timings:
                 catch_up[str(n)] = statistics.median(timings)
+        credit = section.setdefault("credit", {})
+        for n, seconds in self.credit_now.items():
+            credit[str(n)] = self.credit_before.get(n, 0.0) + seconds
         if self.path is not None:
             self.table.save(self.path)
         self.changed = False

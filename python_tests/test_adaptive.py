@@ -340,6 +340,25 @@ def test_a_short_generation_of_a_big_batch_never_risks_a_learning_cycle():
     assert learner.curve(16) is None and learner.plain_cost(16) == pytest.approx(1.0)
 
 
+def test_short_generations_add_up_to_a_learning_cycle(tmp_path):
+    """32 tokens at batch 1 cannot afford a learning cycle alone; the plain steps of earlier
+    generations, kept in the cache, count towards the budget, so the third one learns."""
+    path = str(tmp_path / "costs.json")
+    CostTable().save(path)
+    first_drafting = []
+    for generation in range(4):
+        clock = FakeClock(lambda rows, d: 1.0 if d == 0 else 1.5)
+        controller = AdaptiveDepth(clock=clock)
+        clock.controller = controller
+        learner = LearnedCosts(CostTable.load(path), tree=False, max_depth=7, path=path)
+        controller.start(1, 7, learner)
+        depths = run_cycles(controller, 32, 0.8, remaining=32)
+        learner.save()
+        first_drafting.append(next((i for i, d in enumerate(depths) if d), None))
+    assert first_drafting[:2] == [None, None] and first_drafting[2] is not None
+    assert first_drafting[3] == 0  # the costs it learned are cached: the next generation drafts at once
+
+
 def test_learning_where_drafting_does_not_pay_costs_at_most_the_budget():
     steps = 400
     cost = lambda rows, d: 1.0 if d == 0 else 3.6  # noqa: E731
