@@ -279,5 +279,6 @@ def test_the_stated_power_is_the_computed_power(case, folder):
                 "slow": min(distribution_power.power(e, case.slow, distribution_power.SUBTLE) for e in exacts)}
     stated = {"fast": case.fast_power, "slow": case.slow_power}
     for tier in computed:
-        assert stated[tier] <= computed[tier] <= stated[tier] + 0.01, (tier, computed[tier])
+        # a lower bound, at most 2 points low (the power moves in small steps with the exact joint)
+        assert stated[tier] <= computed[tier] <= stated[tier] + 0.02, (tier, computed[tier])
         assert stated[tier] >= distribution_power.REQUIRED_POWER, tier

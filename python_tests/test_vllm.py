@@ -175,7 +175,7 @@ def test_the_stated_vllm_power_is_the_computed_power(peaked_pair):
     exact = first_two_exact(model, PROMPTS[0], PEAKED_TEMPERATURE)
     for name, relative in (("gross", distribution_power.GROSS), ("subtle", distribution_power.SUBTLE)):
         computed = distribution_power.power(exact, SAMPLES, relative)
-        assert VLLM_POWER[name] <= computed <= VLLM_POWER[name] + 0.01, (name, computed)
+        assert VLLM_POWER[name] <= computed <= VLLM_POWER[name] + 0.02, (name, computed)
 
 
 def test_the_plugin_path_at_temperature_one_samples_the_targets_distribution(peaked_pair):
