@@ -47,7 +47,7 @@ struct BranchArgs {
 };
 
 template <typename scalar_t, typename uniform_t>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kClusterBlocksPerSm)
     branch_verify_kernel(const scalar_t* __restrict__ logits, const uniform_t* __restrict__ uniforms, BranchArgs a) {
 #if DBLAST_CLUSTER_CODE
   extern __shared__ __align__(16) unsigned char cache_bytes[];

@@ -60,6 +60,10 @@ namespace cg = cooperative_groups;
 // Largest slice copy kept in shared memory per block. With the ~28 KB of static shared
 // memory below, two blocks fit on an sm_90 SM even for float32 slices of V = 151,936.
 constexpr int kCacheBytes = static_cast<int>(kClusterCacheBytes);
+// Blocks of a cluster kernel an SM holds: shared memory allows two (2 x ~108 KB of 228 KB).
+// Given to __launch_bounds__, it lets ptxas use up to 128 registers a thread; left to itself,
+// it aimed at an occupancy the shared memory never allows and spilled (sm_100).
+constexpr int kClusterBlocksPerSm = 2;
 
 // A cluster-wide exchange slot: each block writes its own, every block reads all of them.
 struct Slot {

@@ -420,8 +420,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_split_kernel(const Para
 
 // D / 4 threads per query row, 4 dims (one float4) each; rows of one (n, h) per CTA. Splits
 // are merged in order 0, 1, ... whatever the timing: the result is deterministic.
+// At least 4 blocks of 128 threads an SM: up to 128 registers, where ptxas aiming at full
+// occupancy kept 32 and spilled (sm_80, sm_120; with 8 blocks, 64 and D = 96 still spilled on sm_100).
 template <typename T, int kDim>
-__global__ void __launch_bounds__(kThreads) attention_combine_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, 4) attention_combine_kernel(const Params p) {
   constexpr int kLanes = kDim / 4;
   constexpr int kRows = kThreads / kLanes;
   const int nh = blockIdx.x;

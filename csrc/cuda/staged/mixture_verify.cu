@@ -135,7 +135,7 @@ struct MixtureArgs {
 };
 
 template <typename scalar_t, typename draft_t, typename uniform_t>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kClusterBlocksPerSm)
     mixture_target_kernel(const scalar_t* __restrict__ logits, const draft_t* __restrict__ draft_logits,
                           const uniform_t* __restrict__ uniforms, MixtureArgs a) {
 #if DBLAST_CLUSTER_CODE

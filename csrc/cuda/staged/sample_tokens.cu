@@ -33,7 +33,7 @@ struct SampleArgs {
 };
 
 template <typename scalar_t, typename uniform_t>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kClusterBlocksPerSm)
     sample_tokens_kernel(const scalar_t* __restrict__ logits, const uniform_t* __restrict__ uniforms, SampleArgs a) {
 #if DBLAST_CLUSTER_CODE
   extern __shared__ __align__(16) unsigned char cache_bytes[];
