@@ -320,8 +320,12 @@ class AdaptiveDepth:
             rows, d, started, unseen, after_draft = self._running
             self.learner.record(rows, d, now - started, unseen, after_draft)
             if d > 0 and not self.costs:  # a learning cycle: what it cost beyond a plain step
+                from .learned_costs import LEARN_BUDGET
+
                 plain = self.learner.plain_cost(rows) or 0.0
                 self.learning_spent += max(0.0, now - started - plain)
+                # spent from the credit earlier generations left: the next ones do not spend it again
+                self.learner.add_credit(rows, -max(0.0, now - started - plain) / LEARN_BUDGET)
             elif not self.costs:  # a plain step while learning: the budget's base for later generations
                 self.learner.add_credit(rows, now - started)
         curve = self.learner.curve(len(self.rows)) if self.rows else None

@@ -90,7 +90,9 @@ class LearnedCosts:
                 self._keep(self.catch_ups.setdefault(rows, []), max(0.0, caught_up - steady) / tokens)
 
     def add_credit(self, rows: int, seconds: float) -> None:
-        """A plain step decoded while the drafting cost at `rows` was unknown took `seconds`."""
+        """A plain step decoded while the drafting cost at `rows` was unknown took `seconds`; a
+        learning cycle's cost beyond a plain step is passed negative, scaled back by LEARN_BUDGET
+        (what it spent of the budget the credit gave)."""
         self.credit_now[rows] = self.credit_now.get(rows, 0.0) + seconds
         self.changed = True
 
@@ -184,7 +186,7 @@ class LearnedCosts:
                 catch_up[str(n)] = statistics.median(timings)
         credit = section.setdefault("credit", {})
         for n, seconds in self.credit_now.items():
-            credit[str(n)] = self.credit_before.get(n, 0.0) + seconds
+            credit[str(n)] = max(0.0, self.credit_before.get(n, 0.0) + seconds)
         if self.path is not None:
             self.table.save(self.path)
         self.changed = False
