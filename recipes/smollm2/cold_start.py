@@ -15,7 +15,7 @@ Run it on idle cores:
 import argparse
 import json
 import os
-import platform
+import statistics
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 import torch
 
 from dblast_ext import load_drafter
+from dblast_ext.adaptive import machine_description
 from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
 from dblast_ext.embedded_drafters import resolve_drafter
 from dblast_ext.eval.datasets import load_dataset_list
@@ -49,13 +50,14 @@ def main():
     p.add_argument("--dtype", default="float32", help="the batch figures' dtype (the single figures use the "
                    "demo's fastest settings)")
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--repeats", type=int, default=3, help="rounds, each from an empty cache (medians reported)")
     p.add_argument("--full", action="store_true", help="also time measuring the whole table (minutes)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     os.environ["DBLAST_COST_CACHE"] = tempfile.mkdtemp(prefix="dblast-costs-")  # a fresh machine's empty cache
     sampling = SamplingParams(args.temperature, 20, 0.95)
     prompts_text = load_dataset_list("gsm8k,mtbench", limit=args.batch)
-    summary = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": platform.processor(),
+    summary = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_description(),
                "native_bf16": cpu_has_native_bf16(), "threads": torch.get_num_threads(), "args": vars(args)}
 
     # the batch
@@ -68,19 +70,24 @@ def main():
     seeds = list(range(len(prompts)))
     kwargs = dict(max_new_tokens=args.batch_tokens, stop_token_ids=stops, seeds=seeds)
     decoder.generate_autoregressive_batch(prompts, sampling, **kwargs)  # warm the target alone's shapes
-    alone, t_alone = timed(decoder.generate_autoregressive_batch, prompts, sampling, **kwargs)
-    cold, t_cold = timed(decoder.generate_batch, prompts, sampling, **kwargs)
-    warm, t_warm = timed(decoder.generate_batch, prompts, sampling, **kwargs)
-    alone2, t_alone2 = timed(decoder.generate_autoregressive_batch, prompts, sampling, **kwargs)
-    rate_alone = (tokens(alone) + tokens(alone2)) / (t_alone + t_alone2)
     drafting = lambda outs: sum(c.drafts > 0 for c in outs[0].cycles)  # noqa: E731 (cycles are the batch's)
-    summary["batch"] = {
-        "rows": len(prompts), "target_alone_tok_s": rate_alone,
-        "cold_tok_s": tokens(cold) / t_cold, "cold_speedup": tokens(cold) / t_cold / rate_alone,
-        "cold_seconds": t_cold, "cold_drafting_cycles": drafting(cold), "cold_cycles": len(cold[0].cycles),
-        "warm_tok_s": tokens(warm) / t_warm, "warm_speedup": tokens(warm) / t_warm / rate_alone,
-        "warm_drafting_cycles": drafting(warm), "warm_cycles": len(warm[0].cycles)}
-    print(json.dumps(summary["batch"]), flush=True)
+    rounds = []
+    for _ in range(args.repeats):  # each round from an empty cache, between two runs of the target alone
+        os.environ["DBLAST_COST_CACHE"] = tempfile.mkdtemp(prefix="dblast-costs-")
+        alone, t_alone = timed(decoder.generate_autoregressive_batch, prompts, sampling, **kwargs)
+        cold, t_cold = timed(decoder.generate_batch, prompts, sampling, **kwargs)
+        warm, t_warm = timed(decoder.generate_batch, prompts, sampling, **kwargs)
+        alone2, t_alone2 = timed(decoder.generate_autoregressive_batch, prompts, sampling, **kwargs)
+        rate_alone = (tokens(alone) + tokens(alone2)) / (t_alone + t_alone2)
+        rounds.append({"target_alone_tok_s": rate_alone, "cold_speedup": tokens(cold) / t_cold / rate_alone,
+                       "cold_seconds": t_cold, "cold_drafting_cycles": drafting(cold), "cold_cycles": len(cold[0].cycles),
+                       "warm_speedup": tokens(warm) / t_warm / rate_alone, "warm_drafting_cycles": drafting(warm),
+                       "warm_cycles": len(warm[0].cycles)})
+        print(json.dumps(rounds[-1]), flush=True)
+    summary["batch"] = {"rows": len(prompts), "rounds": rounds,
+                        "cold_speedup_median": statistics.median(r["cold_speedup"] for r in rounds),
+                        "warm_speedup_median": statistics.median(r["warm_speedup"] for r in rounds)}
+    print(json.dumps({k: v for k, v in summary["batch"].items() if k != "rounds"}), flush=True)
     if args.full:
         os.environ["DBLAST_COST_CACHE"] = tempfile.mkdtemp(prefix="dblast-costs-")
         from dblast_ext import cost_calibration
@@ -101,15 +108,24 @@ def main():
     prompt = prompts[0]
     one = dict(max_new_tokens=args.single_tokens, stop_token_ids=[], seed=0)
     decoder.generate_autoregressive(prompt, sampling, max_new_tokens=8)
-    alone, t_alone = timed(decoder.generate_autoregressive, prompt, sampling, **one)
-    cold, t_cold = timed(decoder.generate, prompt, sampling, **one)
-    warm, t_warm = timed(decoder.generate, prompt, sampling, **one)
-    summary["single"] = {
-        "dtype": settings.dtype, "verify": settings.verify, "target_alone_s": t_alone, "cold_s": t_cold,
-        "warm_s": t_warm, "cold_adds_s": t_cold - t_warm, "cold_speedup": t_alone / t_cold * len(cold.token_ids)
-        / len(alone.token_ids), "warm_speedup": t_alone / t_warm * len(warm.token_ids) / len(alone.token_ids),
-        "cold_drafting_cycles": sum(c.drafts > 0 for c in cold.cycles), "cold_cycles": len(cold.cycles)}
-    print(json.dumps(summary["single"]), flush=True)
+    rounds = []
+    for _ in range(args.repeats):
+        os.environ["DBLAST_COST_CACHE"] = tempfile.mkdtemp(prefix="dblast-costs-")
+        alone, t_alone = timed(decoder.generate_autoregressive, prompt, sampling, **one)
+        cold, t_cold = timed(decoder.generate, prompt, sampling, **one)
+        warm, t_warm = timed(decoder.generate, prompt, sampling, **one)
+        rounds.append({
+            "target_alone_s": t_alone, "cold_s": t_cold, "warm_s": t_warm, "cold_adds_s": t_cold - t_warm,
+            "cold_speedup": t_alone / t_cold * len(cold.token_ids) / len(alone.token_ids),
+            "warm_speedup": t_alone / t_warm * len(warm.token_ids) / len(alone.token_ids),
+            "cold_drafting_cycles": sum(c.drafts > 0 for c in cold.cycles), "cold_cycles": len(cold.cycles),
+            "warm_drafting_cycles": sum(c.drafts > 0 for c in warm.cycles), "warm_cycles": len(warm.cycles)})
+        print(json.dumps(rounds[-1]), flush=True)
+    summary["single"] = {"dtype": settings.dtype, "verify": settings.verify, "rounds": rounds,
+                         "cold_adds_s_median": statistics.median(r["cold_adds_s"] for r in rounds),
+                         "cold_speedup_median": statistics.median(r["cold_speedup"] for r in rounds),
+                         "warm_speedup_median": statistics.median(r["warm_speedup"] for r in rounds)}
+    print(json.dumps({k: v for k, v in summary["single"].items() if k != "rounds"}), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
