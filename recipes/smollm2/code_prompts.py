@@ -42,11 +42,8 @@ def literal(value) -> bool:
     return isinstance(value, tuple) and all(literal(v) for v in value)
 
 
-def documented_functions():
-    """[(id, name, signature, doc)] of every public, documented, pure-Python function defined
-    in a public standard-library module whose defaults are literals, one per distinct
-    (name, signature, doc): ntpath.splitext and posixpath.splitext read the same."""
-    found, seen = [], set()
+def stdlib_modules():
+    """(name, module) of every public standard-library module that imports here, in name order."""
     for module_name in sorted(sys.stdlib_module_names):
         if module_name.startswith("_") or module_name.split(".")[0] in SKIPPED_MODULES:
             continue
@@ -56,6 +53,15 @@ def documented_functions():
                 module = importlib.import_module(module_name)
         except Exception:  # platform-specific modules
             continue
+        yield module_name, module
+
+
+def documented_functions():
+    """[(id, name, signature, doc)] of every public, documented, pure-Python function defined
+    in a public standard-library module whose defaults are literals, one per distinct
+    (name, signature, doc): ntpath.splitext and posixpath.splitext read the same."""
+    found, seen = [], set()
+    for module_name, module in stdlib_modules():
         for name, function in sorted(vars(module).items()):
             if name.startswith("_") or not inspect.isfunction(function) or function.__module__ != module_name:
                 continue

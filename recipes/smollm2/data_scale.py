@@ -40,11 +40,10 @@ import os
 import random
 import sys
 import time
-import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from code_prompts import COMPLETE, WRITE, documented_functions, rank, stub  # noqa: E402
+from code_prompts import COMPLETE, WRITE, documented_functions, rank, stdlib_modules, stub  # noqa: E402
 from self_instruct import keep, normalised, pre_query_ids  # noqa: E402
 
 KINDS = ("chat", "code", "chat", "math")
@@ -120,19 +119,8 @@ def math_pool(first_prompts):
 def source_functions():
     """[(id, source)] of public pure-Python standard-library functions of 6 to 40 lines (the
     modules documented_functions reads), one per distinct source."""
-    import importlib
-    from code_prompts import SKIPPED_MODULES
-
     found, seen = [], set()
-    for module_name in sorted(sys.stdlib_module_names):
-        if module_name.startswith("_") or module_name.split(".")[0] in SKIPPED_MODULES:
-            continue
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                module = importlib.import_module(module_name)
-        except Exception:  # platform-specific modules
-            continue
+    for module_name, module in stdlib_modules():
         for name, value in sorted(vars(module).items()):
             functions = [value] if inspect.isfunction(value) else (
                 [f for _, f in sorted(vars(value).items()) if inspect.isfunction(f)] if inspect.isclass(value) else [])
