@@ -3,7 +3,7 @@
     the floor a cycle is compared with;
   - the cycle time at batch 1 for K = 1 and K = 4 (interleaved repeats, medians), so the
     overhead of K branches and the cycle / target-forward ratio; K = 4 also with the
-    fixed-shape target cache (target_cache="static", dblast_ext.slot_cache);
+    fixed-shape target cache (target_cache="static", dblast_ext.target.slot_cache);
   - the K-dependent steps alone (propose, branch choice, verify) on fixed inputs, K = 1 and
     K = 4: their difference over the K = 1 cycle is the overhead of K branches without the
     target forward's run-to-run spread (which hid a 1.5% difference in whole cycles);
@@ -12,7 +12,7 @@
   - tokens per second at batch 1, 8, 32: speculative (generate_batch) against the target alone
     batched the same way with the same target cache (generate_autoregressive_batch), for
     either cache;
-  - with CUDA, the cycle replayed from CUDA graphs (cuda_graphs=True, dblast_ext.cuda_graphs):
+  - with CUDA, the cycle replayed from CUDA graphs (cuda_graphs=True, dblast_ext.decoding.cuda_graphs):
     batch-1 cycle times of K = 1 and K = 4 with graphs beside the eager ones (the first round,
     untimed, captures), whether their tokens equal the eager static cache's, the mean time of
     each captured part inside the cycle (drafter pass, target forward, verifier; CUDA events
@@ -47,9 +47,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python_tests"))
 
-from dblast_ext.adaptive import FixedDepth  # noqa: E402
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
-from dblast_ext.generation import draw_uniforms  # noqa: E402
+from dblast_ext.decoding.adaptive import FixedDepth  # noqa: E402
+from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.decoding.generation import draw_uniforms  # noqa: E402
 
 
 def parse_args():
@@ -164,7 +164,7 @@ def cycle_parts_ms(decoders, prompt, sampling, device, repeats):
         dec.proposer.propose(anchors, features, cache)        # the prompt's context, once
         context, lens = features[:, -block:], torch.tensor([block], device=device)
         uniforms = draw_uniforms([torch.Generator(device=device).manual_seed(0)], block + 1, device)
-        proposal, branch, draft = dec._draft(anchors, context, lens, cache, uniforms)
+        proposal, branch, draft = dec.chain_cycle.draft(anchors, context, lens, cache, uniforms)
         logits, _ = adapter.forward(torch.cat([anchors[:, None], draft], dim=1), target_cache, hidden_states=False)
         adapter.crop(target_cache, len(prompt))
         setups[name] = (dec, cache, context, lens, uniforms, proposal, branch, logits)
@@ -174,10 +174,10 @@ def cycle_parts_ms(decoders, prompt, sampling, device, repeats):
         return dec.proposer.propose(anchors, context, cache, lens)
 
     def choose(dec, cache, context, lens, uniforms, proposal, *_):
-        return dec._choose(proposal, uniforms)
+        return dec.chain_cycle.choose(proposal, uniforms)
 
     def verify(dec, cache, context, lens, uniforms, proposal, branch, logits):
-        return dec._verify(logits, proposal, branch, uniforms[:, 1:], sampling, validate=False)
+        return dec.chain_cycle.verify(logits, proposal, branch, uniforms[:, 1:], sampling, validate=False)
 
     steps = {"propose": propose, "choose": choose, "verify": verify}
     times = {name: {step: [] for step in steps} for name in decoders}

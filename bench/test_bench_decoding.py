@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python_tests"))
 
 from dblast_ext import load_drafter  # noqa: E402
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder  # noqa: E402
 from tiny_models import tiny_target, write_dflash_checkpoint  # noqa: E402
 
 import qwen3_8b_shape  # noqa: E402  (bench/)

@@ -15,8 +15,8 @@ import sys
 import time
 
 from dblast_ext.cli.demo import DEMO_PROMPTS
-from dblast_ext.default_target import default_target_dir
-from dblast_ext.embedded_drafters import embedded_drafter_dir
+from dblast_ext.target.default import default_target_dir
+from dblast_ext.drafting.embedded_drafters import embedded_drafter_dir
 from dblast_ext.foreign_load import machine_busy_seconds
 from dblast_ext.vllm.offline import run_in_subprocess
 
@@ -50,7 +50,7 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="write every run's figures here (JSON)")
     parser.add_argument("--batch-schedule", action="store_true",
                         help="also run the drafter with the per-batch-size schedule `dblast serve` passes "
-                             "(dblast_ext.serving_schedule; measured for the pair first, or read from its cache; "
+                             "(dblast_ext.vllm.serving_schedule; measured for the pair first, or read from its cache; "
                              "DFlash drafters only, e.g. --drafter dflash-k1)")
     args = parser.parse_args()
     target = default_target_dir()
@@ -59,7 +59,7 @@ def main() -> int:
     engines = [("target alone", None, None), (args.drafter, drafter, None)]
     if args.batch_schedule:
         from dblast_ext.cli.common import read_checkpoint_config
-        from dblast_ext.serving_schedule import pair_schedule
+        from dblast_ext.vllm.serving_schedule import pair_schedule
 
         config = read_checkpoint_config(drafter, "--drafter")
         if config.num_branches > 1:

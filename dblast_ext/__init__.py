@@ -10,8 +10,8 @@ load_extension()
 
 from . import ops, reference  # noqa: E402  (ops need the library loaded first)
 from .results import BranchArgmax, VerifyResult  # noqa: E402
-from .drafter import DBlastDrafter, DrafterCache, DrafterConfig  # noqa: E402
-from .drafter_io import load_drafter, save_pretrained  # noqa: E402
+from .drafting.drafter import DBlastDrafter, DrafterCache, DrafterConfig  # noqa: E402
+from .drafting.drafter_io import load_drafter, save_pretrained  # noqa: E402
 
 __all__ = ["build_info", "ops", "reference", "BranchArgmax", "VerifyResult", "DBlastDrafter", "DrafterCache",
            "DrafterConfig", "load_drafter", "save_pretrained"]

@@ -1,6 +1,7 @@
 """A prompt as both the training-data generator and the evaluation read it: the user turns of
 one conversation, and the chat messages at a given turn. Loading prompts from benchmarks
-or files is `eval.datasets`."""
+or files is `eval.datasets`; the built-in demo prompts (`DEMO_PROMPTS`) are here, where the demo
+and the vLLM plugin's schedule measurement both read them."""
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -34,3 +35,13 @@ def chat_messages(prompt: Prompt, turn: int = 0,
         if t < turn:
             messages.append({"role": "assistant", "content": previous_answers[t]})
     return messages
+
+
+# the prompts `dblast demo` answers, and those vLLM's batch-size schedule is measured on
+DEMO_PROMPTS = (
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "What is the sum of the first 20 positive odd numbers?",
+    "Give me three tips for staying focused while studying.",
+)

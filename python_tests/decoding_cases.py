@@ -7,9 +7,9 @@ import numpy as np
 import torch
 
 from dblast_ext import load_drafter, reference
-from dblast_ext.decoding import SpeculativeDecoder
-from dblast_ext.proposer import Proposal, RankedProposal
-from dblast_ext.ragged_cache import RaggedRows
+from dblast_ext.decoding.decoder import SpeculativeDecoder
+from dblast_ext.drafting.proposer import Proposal, RankedProposal
+from dblast_ext.target.ragged_cache import RaggedRows
 from tiny_models import tiny_target, write_dflash_checkpoint
 
 PROMPT = [3, 17, 42, 8, 25]

@@ -2,7 +2,7 @@
 (its `dflash_generate`, read to learn the order, not copied), written plainly: no caches at all,
 every cycle recomputes the target over the whole sequence and the drafter over the whole
 committed context (the training forward, dblast_ext.training.block_forward), so that it shares
-no cache, kernel or decode-loop code with dblast_ext.decoding.
+no cache, kernel or decode-loop code with dblast_ext.decoding.decoder.
 
 The order it follows: the prompt's prefill gives the first anchor (the target's argmax); each
 cycle drafts a block [anchor, mask x (B - 1)] whose queries see the context features of every
@@ -17,7 +17,7 @@ from typing import List, Tuple
 
 import torch
 
-from dblast_ext.dflash2 import draft_logits
+from dblast_ext.drafting.dflash2 import draft_logits
 from dblast_ext.training.block_forward import block_inputs, drafter_block_hidden
 
 

@@ -1,4 +1,4 @@
-"""The adaptive drafting controller (dblast_ext.adaptive): its decisions from acceptance and
+"""The adaptive drafting controller (dblast_ext.decoding.adaptive): its decisions from acceptance and
 cost, the cost table, the calibration, and the decode loop under a controller that changes the
 depth every cycle (0 included): greedy output equals the target's, sampled tokens follow the
 target's distribution, drafting resumes after plain steps with the drafter's context complete."""
@@ -9,11 +9,14 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from dblast_ext import adaptive, cost_calibration, learned_costs  # noqa: E402
-from dblast_ext.adaptive import (AdaptiveDepth, CostTable, FixedDepth, ScriptedDepth,  # noqa: E402
-                                 expected_committed)
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
-from dblast_ext.learned_costs import LearnedCosts  # noqa: E402
+from dblast_ext.decoding import adaptive  # noqa: E402
+from dblast_ext.decoding import cost_calibration  # noqa: E402
+from dblast_ext.decoding import learned_costs  # noqa: E402
+from dblast_ext.decoding.adaptive import (AdaptiveDepth, CostTable, FixedDepth, ScriptedDepth,  # noqa: E402
+                                          expected_committed)
+from dblast_ext.decoding.chain_cycle import ChainCycle  # noqa: E402
+from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.decoding.learned_costs import LearnedCosts  # noqa: E402
 from decoding_cases import (MASK, SMALL_PROMPT, SMALL_VOCAB, BatchOracleProposer, exact_prefix_joint,  # noqa: E402
                             hf_greedy, make_decoder, oracle_decoder)
 from losslessness import chi_square_pvalue  # noqa: E402
@@ -537,14 +540,14 @@ def test_a_depth_chosen_from_the_cycles_own_draws_fails_the_distribution_test(mo
     """The test above can fail: a loop that picks the depth after its draws (a plain step
     whenever this cycle's first uniform is above 1/2, so that uniform then draws the token by
     inverse CDF from the upper half) is not exact, and the test says so."""
-    real = SpeculativeDecoder._score_and_verify
+    real = ChainCycle.score_and_verify
 
     def peeking(self, anchors, draft, proposal, branch, uniforms, layout, target_cache, sampling, validate):
         if float(uniforms[0, 1]) > 0.5:
-            return self._plain_step(anchors, uniforms, layout, target_cache, sampling)
+            return self.plain_step(anchors, uniforms, layout, target_cache, sampling)
         return real(self, anchors, draft, proposal, branch, uniforms, layout, target_cache, sampling, validate)
 
-    monkeypatch.setattr(SpeculativeDecoder, "_score_and_verify", peeking)
+    monkeypatch.setattr(ChainCycle, "score_and_verify", peeking)
     counts, exact = switching_counts(SamplingParams(1.0, 0, 1.0), 400, "branch")
     with pytest.raises(AssertionError):
         assert chi_square_pvalue(counts.ravel(), exact.ravel() * 400) > 1e-3

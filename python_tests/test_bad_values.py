@@ -13,9 +13,9 @@ import torch
 import dblast_ext  # noqa: F401  (registers the ops)
 from dblast_ext import load_drafter, ops
 from dblast_ext.cli import main
-from dblast_ext.drafter_io import checkpoint_digest
+from dblast_ext.drafting.drafter_io import checkpoint_digest
 from dblast_ext.sampling import SamplingParams, check_top_k
-from dblast_ext.target_loading import load_target
+from dblast_ext.target.loading import load_target
 from dblast_ext.vllm.offline import check_spec_sampling
 from decoding_cases import PROMPT, make_decoder
 from tiny_models import VOCAB, write_dflash_checkpoint, write_tiny_target_dir

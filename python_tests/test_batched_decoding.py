@@ -12,7 +12,7 @@ from torch.overrides import TorchFunctionMode
 
 pytest.importorskip("transformers")
 import dblast_ext  # noqa: E402
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder  # noqa: E402
 from decoding_cases import (MASK, SMALL_VOCAB, BatchOracleProposer, exact_prefix_joint, hf_greedy,  # noqa: E402
                             make_decoder, ragged_prefill)
 from losslessness import chi_square_pvalue  # noqa: E402

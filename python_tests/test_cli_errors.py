@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dblast_ext.cli import main
-from dblast_ext.embedded_drafters import EMBEDDED_DRAFTERS
+from dblast_ext.drafting.embedded_drafters import EMBEDDED_DRAFTERS
 from tiny_models import write_dflash_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -228,7 +228,7 @@ def tiny_target(files):
 
 
 def test_determinism_no_progress_silences_its_progress_lines(files, tiny_target, capsys, monkeypatch):
-    from dblast_ext.target_loading import load_target
+    from dblast_ext.target.loading import load_target
 
     monkeypatch.setattr("dblast_ext.cli.common.load_target", load_target)  # the tiny target may load
     out = files["root"] / "det-quiet"
@@ -391,10 +391,10 @@ def test_a_valid_draft_vocabulary_reaches_model_loading(files, subcommand):
 
 def fails_cleanly_unless_the_demo_picks_the_trie(capsys, files, subcommand, flags, message):
     """Trie flags without --verify: `dblast demo` on a CPU picks trie verification for its
-    embedded drafter (on a GPU the branch rule) (dblast_ext.fastest_settings), so they are valid there; elsewhere (other
+    embedded drafter (on a GPU the branch rule) (dblast_ext.decoding.fastest_settings), so they are valid there; elsewhere (other
     subcommands, or `generate` with a drafter of its own) the branch rule stands and they fail."""
-    from dblast_ext.fastest_settings import fastest_exact_settings
-    from dblast_ext.target_loading import default_device
+    from dblast_ext.decoding.fastest_settings import fastest_exact_settings
+    from dblast_ext.target.loading import default_device
 
     command = [*every_model_subcommand(files)[subcommand], *flags]
     demo_picks_tree = fastest_exact_settings(torch.device(default_device()).type, "dblast-k4").verify == "tree"

@@ -179,7 +179,7 @@ def test_progress_false_silences_the_weight_loading_bar_and_restores_it(capfd, m
     import transformers
     from transformers.utils import logging as hf_logging
 
-    from dblast_ext.target_loading import load_target
+    from dblast_ext.target.loading import load_target
 
     capfd.readouterr()
     if int(transformers.__version__.split(".")[0]) >= 5:

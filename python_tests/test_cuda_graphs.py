@@ -1,5 +1,5 @@
 """The decode cycle replayed from CUDA graphs (`SpeculativeDecoder(cuda_graphs=True)`,
-dblast_ext.cuda_graphs), staged behind its switch.
+dblast_ext.decoding.cuda_graphs), staged behind its switch.
 
 Everywhere: the switch (a CPU target refuses it with an error naming the argument; the
 environment variable leaves a CPU decoder eager), bucket selection, and the graphs'
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from dblast_ext.adaptive import ScriptedDepth  # noqa: E402
-from dblast_ext.cuda_graphs import BATCH_BUCKETS, ENV_VAR, CycleGraphs, bucket_for, env_switch  # noqa: E402
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.decoding.adaptive import ScriptedDepth  # noqa: E402
+from dblast_ext.decoding.cuda_graphs import BATCH_BUCKETS, ENV_VAR, CycleGraphs, bucket_for, env_switch  # noqa: E402
+from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder  # noqa: E402
 from decoding_cases import (MASK, PROMPT, SMALL_VOCAB, exact_prefix_joint, hf_greedy,  # noqa: E402
                             make_decoder)
 from losslessness import chi_square_pvalue  # noqa: E402
@@ -156,12 +156,49 @@ def test_depths_that_change_every_cycle_give_the_eager_tokens(tmp_path, monkeypa
     assert all(len(state.graphs) == 1 for state in few.states.values())
 
 
+class ContractOnly:
+    """A ChainCycle that lets the replay reach only what `chain_cycle` names as its contract with
+    the graphs (the models, the kernel switch and the four steps), and records what it used."""
+
+    CONTRACT = {"target", "proposer", "use_kernels", "draft", "score", "verify", "plain_step"}
+
+    def __init__(self, steps):
+        self._steps, self.used = steps, set()
+
+    def __getattr__(self, name):
+        if name not in self.CONTRACT:
+            raise AttributeError(f"the replay reached ChainCycle.{name}, outside its contract")
+        self.used.add(name)
+        return getattr(self._steps, name)
+
+
+def test_the_replay_needs_only_the_chain_cycle(tmp_path, monkeypatch):
+    """What the graphs need from the decoder is the ChainCycle the loop hands them, and of that
+    only its contract: with everything else hidden, plain steps and drafted cycles replay the
+    eager loop's tokens, and every part of the contract was used."""
+    sampling = SamplingParams(1.0, 20, 0.95)
+    dec = make_decoder(tmp_path, "qwen3", 4, block_size=4, target_cache="static",
+                       controller=ScriptedDepth([3, 0, 2]))
+    eager = [o.token_ids for o in dec.generate_batch(PROMPTS, sampling, max_new_tokens=16, seeds=[1, 2, 3, 4])]
+    graphs = emulated(dec, monkeypatch)
+    seen = []
+    for hook in ("cycle", "plain_step"):
+        def through_contract(steps, *args, _real=getattr(graphs, hook), **kwargs):
+            seen.append(ContractOnly(steps))
+            return _real(seen[-1], *args, **kwargs)
+
+        monkeypatch.setattr(graphs, hook, through_contract)
+    assert [o.token_ids for o in dec.generate_batch(PROMPTS, sampling, max_new_tokens=16, seeds=[1, 2, 3, 4])] == eager
+    assert graphs.stats["replayed"] > 0
+    assert set().union(*(proxy.used for proxy in seen)) == ContractOnly.CONTRACT
+
+
 def test_padding_rows_stay_inside_their_buffers(tmp_path, monkeypatch):
     """Rows that finished (a stop token ends one row early, the limit the rest) leave padding
     rows in the bucket: their lengths are reset to PAD_LENGTH, so their writes stay inside
     the capacity however long they were; the others' tokens are unchanged (batch 3 in bucket 4,
     then 2, then 1)."""
-    from dblast_ext import cuda_graphs
+    from dblast_ext.decoding import cuda_graphs
 
     dec = make_decoder(tmp_path, "qwen3", 1, block_size=4, target_cache="static")
     prompts = PROMPTS[:3]

@@ -7,8 +7,8 @@ import torch
 pytest.importorskip("transformers")
 
 from dblast_ext import load_drafter  # noqa: E402
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
-from dblast_ext.proposer import Proposal  # noqa: E402
+from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.drafting.proposer import Proposal  # noqa: E402
 from dblast_ext import reference  # noqa: E402
 from decoding_cases import (MASK, PROMPT, SMALL_PROMPT, SMALL_VOCAB, CountingCache, exact_first_two,  # noqa: E402
                             exact_prefix_joint, hf_greedy, make_decoder, oracle_decoder)

@@ -21,7 +21,7 @@ def cache(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DBLAST_MODEL_CACHE", str(root))
-        from dblast_ext.default_target import default_target_dir
+        from dblast_ext.target.default import default_target_dir
 
         yield default_target_dir(), root
 
@@ -30,7 +30,7 @@ def test_the_gguf_becomes_a_plain_transformers_directory(cache):
     import gguf
     from safetensors.torch import load_file
 
-    from dblast_ext.default_target import gguf_path
+    from dblast_ext.target.default import gguf_path
 
     path, _ = cache
     config = json.load(open(f"{path}/config.json"))
@@ -49,7 +49,7 @@ def test_the_installed_transformers_reads_back_the_ggufs_rope_base(cache):
     import transformers
     from transformers import AutoConfig
 
-    from dblast_ext.default_target import NAME, gguf_path
+    from dblast_ext.target.default import NAME, gguf_path
 
     path, _ = cache
     assert os.path.basename(path) == f"{NAME}-transformers{transformers.__version__.split('.')[0]}"
@@ -62,8 +62,8 @@ def test_the_installed_transformers_reads_back_the_ggufs_rope_base(cache):
 def test_the_end_of_sequence_is_the_ggufs_on_every_transformers_version(cache):
     import gguf
 
-    from dblast_ext.default_target import gguf_path
-    from dblast_ext.target_loading import load_target, stop_token_ids
+    from dblast_ext.target.default import gguf_path
+    from dblast_ext.target.loading import load_target, stop_token_ids
 
     field = gguf.GGUFReader(gguf_path()).fields["tokenizer.ggml.eos_token_id"]
     eos = int(field.parts[field.data[0]][0])
@@ -73,7 +73,7 @@ def test_the_end_of_sequence_is_the_ggufs_on_every_transformers_version(cache):
 
 
 def test_the_cached_directory_is_reused(cache, monkeypatch):
-    import dblast_ext.default_target as default_target
+    import dblast_ext.target.default as default_target
 
     def dequantise(source, out):
         raise AssertionError("a current cached directory was dequantised again")
@@ -86,7 +86,7 @@ def test_the_cached_directory_is_reused(cache, monkeypatch):
 def test_processes_starting_together_dequantise_once(tmp_path, monkeypatch):
     """Concurrent first uses (eval.sh starts its workers together) wait for one dequantisation
     and reuse it; nobody sees the directory missing or half written."""
-    import dblast_ext.default_target as default_target
+    import dblast_ext.target.default as default_target
 
     made = []
 

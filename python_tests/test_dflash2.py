@@ -1,6 +1,6 @@
 """DFlash2 drafters (issue 46, first part): a checkpoint in the published layout loads (both codebook
 spellings), round-trips through save, its convolutions and candidate selector compute what
-dblast_ext.dflash2 says (against direct float64 loops), a DFlash2 drafter whose convolutions are
+dblast_ext.drafting.dflash2 says (against direct float64 loops), a DFlash2 drafter whose convolutions are
 the identity and whose selector adds nothing drafts exactly what the DFlash drafter under it does,
 and greedy decoding with a DFlash2 drafter gives the target's own greedy output."""
 import json
@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from dblast_ext import load_drafter, ops, reference
-from dblast_ext.decoding import SELECTOR_TREE_PATHS, SamplingParams, SpeculativeDecoder
-from dblast_ext.dflash2 import CandidateSelector, GroupedDynamicConv, draft_logits
-from dblast_ext.drafter_io import save_pretrained
+from dblast_ext.decoding.chain_cycle import SELECTOR_TREE_PATHS
+from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder
+from dblast_ext.drafting.dflash2 import CandidateSelector, GroupedDynamicConv, draft_logits
+from dblast_ext.drafting.drafter_io import save_pretrained
 from decoding_cases import PROMPT, hf_greedy
 from losslessness import assert_committed_tokens_follow_p, chi_square_pvalue
 from tiny_models import H, VOCAB, dflash2_config, dflash2_state, tiny_target, write_dflash2_checkpoint
@@ -394,8 +395,8 @@ def published_config(hidden, intermediate, vocab, block, mask, layer_ids, target
       "candidate_selector.successor_codebook": (202048, 256)}),
 ])
 def test_the_published_five_layer_configs_build_the_published_shapes(raw, shapes):
-    from dblast_ext.drafter import DBlastDrafter
-    from dblast_ext.drafter_io import config_from_json
+    from dblast_ext.drafting.drafter import DBlastDrafter
+    from dblast_ext.drafting.drafter_io import config_from_json
 
     config = config_from_json(raw)
     assert config.is_dflash2 and config.block_size == raw["dflash_config"]["block_size"] and config.rope_theta == 1e7

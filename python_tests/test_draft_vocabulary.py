@@ -1,9 +1,9 @@
-"""The draft vocabulary (dblast_ext.draft_vocabulary): which ids a shortlist holds, and bad
+"""The draft vocabulary (dblast_ext.drafting.draft_vocabulary): which ids a shortlist holds, and bad
 shortlists refused by name."""
 import pytest
 import torch
 
-from dblast_ext.draft_vocabulary import draft_vocabulary, end_of_sequence_ids
+from dblast_ext.drafting.draft_vocabulary import draft_vocabulary, end_of_sequence_ids
 
 
 def test_first_n_ids_plus_the_end_of_sequence_ids_sorted():

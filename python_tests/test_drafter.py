@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dblast_ext import DrafterCache, load_drafter, save_pretrained
-from dblast_ext.drafter import rope
+from dblast_ext.drafting.drafter import rope
 
 from tiny_models import (H, HEAD_DIM, HEADS, KV_HEADS, TARGET_LAYERS, VOCAB, dflash_state,
                          write_dflash_checkpoint)

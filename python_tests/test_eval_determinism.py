@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 from dblast_ext import reference  # noqa: E402
 from dblast_ext.sampling import SamplingParams  # noqa: E402
-from dblast_ext.target import TargetAdapter  # noqa: E402
+from dblast_ext.target.adapter import TargetAdapter  # noqa: E402
 from dblast_ext.eval.determinism import bin_by_determinism, early_determinism  # noqa: E402
 from tiny_models import lm_head_rows, tiny_target  # noqa: E402
 

@@ -7,9 +7,9 @@ import torch
 pytest.importorskip("transformers")
 
 from dblast_ext import reference  # noqa: E402
-from dblast_ext.decoding import sample_autoregressive  # noqa: E402
+from dblast_ext.decoding.decoder import sample_autoregressive  # noqa: E402
 from dblast_ext.sampling import SamplingParams  # noqa: E402
-from dblast_ext.target import TargetAdapter  # noqa: E402
+from dblast_ext.target.adapter import TargetAdapter  # noqa: E402
 from dblast_ext.eval.oracle import oracle_accepted, sample_with_top_tokens  # noqa: E402
 from tiny_models import tiny_target  # noqa: E402
 

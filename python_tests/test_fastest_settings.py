@@ -1,14 +1,14 @@
 """The fastest exact settings that `dblast demo` and `dblast generate` pick for flags left at their
-defaults (dblast_ext.fastest_settings): which dtype, block, draft vocabulary and verification rule
+defaults (dblast_ext.decoding.fastest_settings): which dtype, block, draft vocabulary and verification rule
 per device and drafter, that a flag given by the user always wins, and the line that says what was
 picked."""
 import argparse
 
 import pytest
 
-from dblast_ext import fastest_settings
+from dblast_ext.decoding import fastest_settings
 from dblast_ext.cli import common
-from dblast_ext.fastest_settings import CPU_FASTEST, fastest_exact_settings
+from dblast_ext.decoding.fastest_settings import CPU_FASTEST, fastest_exact_settings
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from dblast_ext import DBlastDrafter, DrafterConfig, load_drafter, save_pretrained
-from dblast_ext.drafter import DrafterCache
-from dblast_ext.drafter_io import folded_state_dict, set_feature_scale
+from dblast_ext.drafting.drafter import DrafterCache
+from dblast_ext.drafting.drafter_io import folded_state_dict, set_feature_scale
 from dblast_ext.training.block_forward import block_inputs, drafter_block_hidden
 from dblast_ext.training.feature_cache import rms_feature_scale
 

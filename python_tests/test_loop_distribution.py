@@ -16,10 +16,10 @@ import torch
 
 pytest.importorskip("transformers")
 from dblast_ext import reference  # noqa: E402
-from dblast_ext import decoding as decoding_module  # noqa: E402
-from dblast_ext import trie as trie_module  # noqa: E402
-from dblast_ext.adaptive import ScriptedDepth  # noqa: E402
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.decoding import batch_loop  # noqa: E402
+from dblast_ext.decoding import trie as trie_module  # noqa: E402
+from dblast_ext.decoding.adaptive import ScriptedDepth  # noqa: E402
+from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder  # noqa: E402
 import distribution_power  # noqa: E402
 from decoding_cases import (MASK, SMALL_PROMPT, SMALL_VOCAB, BatchOracleProposer, exact_prefix_joint,  # noqa: E402
                             make_decoder, oracle_decoder)
@@ -262,7 +262,7 @@ def test_a_loop_reusing_a_uniform_fails_the_test(name, folder, monkeypatch):
     """A loop bug, not a biased target: the cycle's acceptance tests and residual draws reuse the
     uniform that chose the branch. The fast tier's count must catch it."""
     case = CASES[name]
-    monkeypatch.setattr(decoding_module, "draw_uniforms", stale_uniforms)
+    monkeypatch.setattr(batch_loop, "draw_uniforms", stale_uniforms)
     counts, _ = count(case, loop_for(name, folder), case.fast)
     exact = exact_prefix_joint(loop_for(name, folder).target.model, list(case.prompts[0]), case.sampling,
                                case.length)

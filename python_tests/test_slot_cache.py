@@ -1,4 +1,4 @@
-"""The fixed-shape target cache (`dblast_ext.slot_cache`, `SpeculativeDecoder(target_cache="static")`):
+"""The fixed-shape target cache (`dblast_ext.target.slot_cache`, `SpeculativeDecoder(target_cache="static")`):
 each row's cache entries are those of its tokens run alone, every verify forward has the same
 shapes and writes into the same buffers (what replaying it from a CUDA graph needs), and the
 decode loop gives the dynamic cache's outputs. (The loop's outputs with it, greedy and sampled,
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from dblast_ext.decoding import SamplingParams, sample_autoregressive_batch  # noqa: E402
-from dblast_ext.slot_cache import SlotRows  # noqa: E402
+from dblast_ext.decoding.decoder import SamplingParams, sample_autoregressive_batch  # noqa: E402
+from dblast_ext.target.slot_cache import SlotRows  # noqa: E402
 from decoding_cases import make_decoder, ragged_prefill  # noqa: E402
 
 PROMPTS = [[3, 17, 42, 8, 25], [9, 4], [60, 61, 62, 63, 64, 65, 66, 67, 68], [11, 5, 7]]
@@ -105,9 +105,9 @@ def test_the_cycle_traces_as_one_graph(tmp_path, branches, device):
     uniforms = torch.rand(3, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(device)
 
     def cycle(anchors, context, lens, proposer_cache, rows, slotted):
-        proposal, branch, draft = dec._draft(anchors, context, lens, proposer_cache, uniforms)
-        result, features = dec._score_and_verify(anchors, draft, proposal, branch, uniforms, rows, slotted, sampling,
-                                                 validate=False)
+        proposal, branch, draft = dec.chain_cycle.draft(anchors, context, lens, proposer_cache, uniforms)
+        result, features = dec.chain_cycle.score_and_verify(anchors, draft, proposal, branch, uniforms, rows, slotted,
+                                                            sampling, validate=False)
         return result.num_accepted, result.output_tokens, features
 
     graphs = []

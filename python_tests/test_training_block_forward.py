@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dblast_ext import load_drafter
-from dblast_ext.drafter import DrafterCache
+from dblast_ext.drafting.drafter import DrafterCache
 from dblast_ext.training.block_forward import block_inputs, drafter_block_hidden, training_attention_mask
 from tiny_models import TARGET_LAYERS, write_dflash_checkpoint
 

@@ -14,7 +14,7 @@ from dblast_ext import reference  # noqa: E402
 from dblast_ext.cli import main  # noqa: E402
 from dblast_ext.sampling import SamplingParams  # noqa: E402
 from dblast_ext.eval.datasets import chat_messages, load_prompts  # noqa: E402
-from dblast_ext.target_loading import encode_messages, load_target  # noqa: E402
+from dblast_ext.target.loading import encode_messages, load_target  # noqa: E402
 from dblast_ext.training.data import generate_training_data, read_training_data  # noqa: E402
 from losslessness import chi_square_pvalue  # noqa: E402
 from tiny_models import write_tiny_target_dir  # noqa: E402

@@ -17,9 +17,9 @@ from safetensors.torch import load_file, save_file
 pytest.importorskip("transformers")
 
 from dblast_ext.sampling import SamplingParams  # noqa: E402
-from dblast_ext.target import TargetAdapter  # noqa: E402
+from dblast_ext.target.adapter import TargetAdapter  # noqa: E402
 from dblast_ext.eval.datasets import load_prompts  # noqa: E402
-from dblast_ext.target_loading import load_target  # noqa: E402
+from dblast_ext.target.loading import load_target  # noqa: E402
 from dblast_ext.training.config import TrainConfig, validate  # noqa: E402
 from dblast_ext.training.data import generate_training_data, read_training_data  # noqa: E402
 from dblast_ext.training.feature_cache import FeatureCache, FeatureCacheSet, response_feature_stats  # noqa: E402
@@ -303,7 +303,7 @@ def test_bf16_autocast_trains_on_cpu_close_to_float32(world):
 
 
 def test_auto_autocast_is_bf16_on_cuda_and_on_cpus_with_bf16_matmuls_only(world, monkeypatch, capsys):
-    import dblast_ext.fastest_settings as fastest
+    import dblast_ext.decoding.fastest_settings as fastest
     from dblast_ext.training import trainer
 
     def dtype(native, device="cpu", **fields):

@@ -15,12 +15,12 @@ pytest.importorskip("transformers")
 
 from dblast_ext import load_drafter  # noqa: E402
 from dblast_ext.cli import main  # noqa: E402
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder  # noqa: E402
 from dblast_ext.eval.datasets import load_prompts  # noqa: E402
-from dblast_ext.target_loading import load_target  # noqa: E402
+from dblast_ext.target.loading import load_target  # noqa: E402
 from dblast_ext.training.config import TrainConfig, load_config, validate  # noqa: E402
 from dblast_ext.training.data import generate_training_data  # noqa: E402
-from dblast_ext.drafter_io import set_feature_scale  # noqa: E402
+from dblast_ext.drafting.drafter_io import set_feature_scale  # noqa: E402
 from dblast_ext.training.block_forward import block_inputs, drafter_block_hidden  # noqa: E402
 from dblast_ext.training.trainer import (STATE_FILE, _Distributed, default_target_layers, lr_factor,  # noqa: E402
                                          position_weights, train)
@@ -492,7 +492,7 @@ def test_the_added_dflash2_parts_draft_what_the_dflash_drafter_drafted(world):
     _, target_dir, drafter_dir, _ = world
     model, _ = load_target(target_dir, device="cpu")
     drafter = load_drafter(drafter_dir, target=model)
-    from dblast_ext.target import TargetAdapter
+    from dblast_ext.target.adapter import TargetAdapter
 
     hidden = block_hidden(drafter)
     blocks = hidden.view(4, drafter.config.block_size, -1)[:, 1:]   # 2 rows x 2 blocks, the draft positions

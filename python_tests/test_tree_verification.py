@@ -1,4 +1,4 @@
-"""Trie verification (verify="tree", dblast_ext.trie): the trie, the tree-masked target pass,
+"""Trie verification (verify="tree", dblast_ext.decoding.trie): the trie, the tree-masked target pass,
 the kept cache, and the losslessness of the walk on tiny random Qwen3 / Llama targets."""
 import contextlib
 import inspect
@@ -10,11 +10,11 @@ import torch
 
 pytest.importorskip("transformers")
 
-from dblast_ext import trie as trie_module  # noqa: E402
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.decoding import trie as trie_module  # noqa: E402
+from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder  # noqa: E402
 from dblast_ext import reference  # noqa: E402
-from dblast_ext.decoding import TREE_EXTRA_LEAVES  # noqa: E402
-from dblast_ext.trie import TrieWalk, add_alternative_leaves, build_trie, drafted_token_probs  # noqa: E402
+from dblast_ext.decoding.decoder import TREE_EXTRA_LEAVES  # noqa: E402
+from dblast_ext.decoding.trie import TrieWalk, add_alternative_leaves, build_trie, drafted_token_probs  # noqa: E402
 from decoding_cases import (MASK, PROMPT, SMALL_PROMPT, SMALL_VOCAB, exact_prefix_joint, hf_greedy,  # noqa: E402
                             make_decoder, oracle_decoder)
 from losslessness import chi_square_pvalue  # noqa: E402
@@ -199,7 +199,7 @@ def test_the_walk_descends_on_children_and_stops_on_another_token():
 def test_a_tree_pass_gives_every_node_the_logits_of_its_own_path(family, attention):
     target = tiny_target(family, vocab_size=100, layers=3)
     target.config._attn_implementation = attention
-    from dblast_ext.target import TargetAdapter
+    from dblast_ext.target.adapter import TargetAdapter
     adapter = TargetAdapter(target, [0, 2])
     trie = build_trie([[11, 12, 13], [11, 14, 15], [16, 12, 13]], [0.5, 0.3, 0.2])
     trie.tokens[0] = PROMPT[-1]
@@ -223,7 +223,7 @@ def test_a_tree_pass_gives_every_node_the_logits_of_its_own_path(family, attenti
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_keeping_the_walked_path_leaves_the_cache_of_the_committed_tokens(family):
     target = tiny_target(family, vocab_size=100, layers=3)
-    from dblast_ext.target import TargetAdapter
+    from dblast_ext.target.adapter import TargetAdapter
     adapter = TargetAdapter(target, [0, 2])
     trie = build_trie([[11, 12, 13], [11, 14, 15], [16, 12, 13]], [0.5, 0.3, 0.2])
     trie.tokens[0] = PROMPT[-1]
@@ -249,7 +249,7 @@ def test_keeping_rows_given_as_a_list_equals_the_gather(rows):
     root alone, or a chain laid out first) is kept by a crop, any other by the gather; the cache
     left is the gather's either way."""
     target = tiny_target("qwen3", vocab_size=100, layers=3)
-    from dblast_ext.target import TargetAdapter
+    from dblast_ext.target.adapter import TargetAdapter
     adapter = TargetAdapter(target, [0, 2])
     trie = build_trie([[11, 12, 13], [11, 14, 15], [16, 12, 13]], [0.5, 0.3, 0.2])
     trie.tokens[0] = PROMPT[-1]
@@ -274,8 +274,8 @@ def test_a_cpu_tree_forward_hands_sdpa_the_grouped_heads_and_restores_the_switch
     K/V heads); the adapter's CPU forwards set transformers' switch for their duration so sdpa
     takes the grouped heads: the same logits and features bit for bit, no repetition where the
     switch is read (transformers 5), and the environment as it was afterwards."""
-    from dblast_ext import target as target_module
-    from dblast_ext.target import FORCE_GQA_SWITCH, TargetAdapter
+    from dblast_ext.target import adapter as target_module
+    from dblast_ext.target.adapter import FORCE_GQA_SWITCH, TargetAdapter
     monkeypatch.delenv(FORCE_GQA_SWITCH, raising=False)
     model = tiny_target("qwen3", vocab_size=100, layers=3)
     model.config._attn_implementation = "sdpa"
@@ -579,7 +579,7 @@ def test_a_proposal_outside_the_vocabulary_is_refused_before_the_target_runs(tmp
             return dec.proposer.new_cache(rows, capacity, device)
 
         def propose(self, anchors, context, cache, context_lens=None):
-            from dblast_ext.proposer import RankedProposal
+            from dblast_ext.drafting.proposer import RankedProposal
             tokens, top_tokens = torch.full((1, 2, 3), 1), torch.full((1, 2, 3, 2), 1)
             top_probs = torch.full((1, 2, 3, 2), 0.5)
             if bad_field == "branch_tokens":

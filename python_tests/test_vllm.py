@@ -18,9 +18,9 @@ if importlib.util.find_spec("vllm") is None:
                 "docs/serving.md)", allow_module_level=True)
 
 from dblast_ext import DBlastDrafter, DrafterConfig, load_drafter, save_pretrained  # noqa: E402
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder  # noqa: E402
-from dblast_ext.default_target import default_target_dir  # noqa: E402
-from dblast_ext.embedded_drafters import embedded_drafter_dir  # noqa: E402
+from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder  # noqa: E402
+from dblast_ext.target.default import default_target_dir  # noqa: E402
+from dblast_ext.drafting.embedded_drafters import embedded_drafter_dir  # noqa: E402
 from dblast_ext.vllm.offline import run_in_subprocess  # noqa: E402
 
 # vLLM's CPU attention takes head sizes of 32 and up

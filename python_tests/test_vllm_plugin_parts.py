@@ -91,7 +91,7 @@ def test_save_pretrained_names_the_architecture_vllm_loads(tmp_path):
 
 
 def test_the_embedded_drafters_name_their_vllm_architecture():
-    from dblast_ext.embedded_drafters import embedded_drafter_dir
+    from dblast_ext.drafting.embedded_drafters import embedded_drafter_dir
 
     for name, architecture in (("dflash-k1", "DFlashDraftModel"), ("dblast-k4", "DFlashDBLastDraftModel")):
         with open(os.path.join(embedded_drafter_dir(name), "config.json")) as f:
@@ -106,8 +106,8 @@ def test_importing_the_plugin_package_does_not_import_vllm():
 
 
 def test_the_batch_schedule_drafts_where_it_pays_and_covers_every_batch_size():
-    from dblast_ext.adaptive import CostTable
-    from dblast_ext.serving_schedule import batch_schedule
+    from dblast_ext.decoding.adaptive import CostTable
+    from dblast_ext.vllm.serving_schedule import batch_schedule
 
     # a cycle verifying d drafts costs 1 + 0.05 d steps at batch 1, 1 + 0.5 d at batch 16
     table = CostTable(chain={1: [1.0 + 0.05 * d for d in range(8)], 16: [1.0 + 0.5 * d for d in range(8)]})
@@ -139,7 +139,7 @@ def test_dblast_serve_passes_the_schedule_in_the_speculative_config():
 
 def test_the_pairs_acceptance_is_measured_over_every_position(tmp_path):
     from decoding_cases import make_decoder
-    from dblast_ext.serving_schedule import measure_acceptance
+    from dblast_ext.vllm.serving_schedule import measure_acceptance
 
     dec = make_decoder(tmp_path, branches=2, block_size=4, controller="adaptive")
     rates = measure_acceptance(dec, [[3, 17, 42, 8, 25], [9, 4]], max_new_tokens=12)

@@ -1,5 +1,7 @@
 """The `dblast` command line: one module per subcommand, each with `add_parser(subparsers)`
-(its flags) and `run(args) -> int` (its work)."""
+(its flags) and `run(args) -> int` (its work).
+
+May import: everything below it (the top of the layers, docs/design.md "Layout")."""
 import argparse
 import sys
 from typing import List, Optional

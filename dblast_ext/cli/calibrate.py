@@ -1,7 +1,7 @@
 """`dblast calibrate`: choose the category temperature Z_T on a 10% calibration split of the
 given datasets (DBLast §4) and print the grid; `dblast eval --category-temperature calibrate`
 does the same and then evaluates on the other 90%. `dblast calibrate --cost` instead measures
-the adaptive controller's cost table (dblast_ext.cost_calibration) for the pair and settings
+the adaptive controller's cost table (dblast_ext.decoding.cost_calibration) for the pair and settings
 `dblast generate` would run, writes it to --out and to the cache the decoder reads."""
 import os
 import sys
@@ -44,7 +44,7 @@ def batch_sizes_of(text: str):
 
 
 def run_cost(args) -> int:
-    from ..cost_calibration import cached_table, calibrate_costs
+    from ..decoding.cost_calibration import cached_table, calibrate_costs
 
     sizes = batch_sizes_of(args.batch_sizes)
     args.controller = "adaptive"

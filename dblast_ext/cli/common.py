@@ -5,14 +5,14 @@ from typing import Optional
 
 import torch
 
-from ..adaptive import CONTROLLERS
-from ..decoding import TREE_EXTRA_LEAVES, VERIFY_MODES, SamplingParams, SpeculativeDecoder
-from ..drafter import DrafterConfig
+from ..decoding.adaptive import CONTROLLERS
+from ..decoding.decoder import TREE_EXTRA_LEAVES, VERIFY_MODES, SamplingParams, SpeculativeDecoder
+from ..drafting.drafter import DrafterConfig
 from ..checkpoint_files import check_weights_file
-from ..drafter_io import checkpoint_files, load_drafter, read_config_file
-from ..fastest_settings import fastest_exact_settings
+from ..drafting.drafter_io import checkpoint_files, load_drafter, read_config_file
+from ..decoding.fastest_settings import fastest_exact_settings
 from ..sampling import check_temperature, check_top_k, check_top_p
-from ..target_loading import check_target_path, default_device, load_target, resolve_dtype
+from ..target.loading import check_target_path, default_device, load_target, resolve_dtype
 
 
 def add_target_args(p) -> None:
@@ -52,7 +52,7 @@ def add_model_args(p, *, block_size: bool = True, fastest: bool = False) -> None
 
 
 def add_controller_args(p) -> None:
-    """--controller and --cost-table (dblast_ext.adaptive). A subcommand whose default is the
+    """--controller and --cost-table (dblast_ext.decoding.adaptive). A subcommand whose default is the
     adaptive controller says so with p.set_defaults(adaptive_by_default=True); the others (which
     measure acceptance, where every cycle should verify the whole block) default to off."""
     p.add_argument("--controller", choices=CONTROLLERS, default=None,
@@ -124,7 +124,7 @@ def draft_vocab_of(args) -> Optional[int]:
 def apply_fastest_settings(args, device_type: str, drafter: Optional[str]) -> str:
     """For `dblast demo` and `dblast generate`: --dtype, --block-size, --draft-vocab, --verify and
     (with trie verification) --max-tree-nodes left at their defaults take the fastest settings
-    that keep the output distribution (dblast_ext.fastest_settings) for `device_type` and the
+    that keep the output distribution (dblast_ext.decoding.fastest_settings) for `device_type` and the
     embedded `drafter` (None: another drafter). Returns the line saying what was picked ("" when the flags chose everything)."""
     settings = fastest_exact_settings(device_type, drafter)
     picked, measured = [], False
@@ -160,8 +160,8 @@ def apply_fastest_settings(args, device_type: str, drafter: Optional[str]) -> st
 def pick_fastest_settings(args) -> str:
     """apply_fastest_settings for the run the flags describe: its device, and the drafter when it
     is an embedded one on the embedded target."""
-    from ..default_target import DEFAULT_TARGET
-    from ..embedded_drafters import EMBEDDED_DRAFTERS
+    from ..target.default import DEFAULT_TARGET
+    from ..drafting.embedded_drafters import EMBEDDED_DRAFTERS
 
     device_type = torch.device(args.device or default_device()).type
     embedded = (args.drafter in EMBEDDED_DRAFTERS and not os.path.isdir(args.drafter)
@@ -270,7 +270,7 @@ def check_cost_table_arg(args) -> None:
     if controller_of(args) != "adaptive":
         raise ValueError(f"--cost-table {path}: the cost table is the adaptive controller's; this run has "
                          f"--controller {controller_of(args)}")
-    from ..adaptive import CostTable
+    from ..decoding.adaptive import CostTable
 
     if not os.path.isfile(path):
         raise ValueError(f"--cost-table {path}: no such file (`dblast calibrate --cost` writes one)")

@@ -5,7 +5,7 @@ import os
 
 from ..sampling import SamplingParams
 from ..eval.datasets import load_dataset_list
-from ..target_loading import load_target
+from ..target.loading import load_target
 from ..training.data import check_existing, generate_training_data, sampling_settings
 from .common import add_sampling_args, add_target_args, check_sampling_args, check_target_args
 

@@ -6,22 +6,15 @@ with the target alone (same prompts, seeds and filter), and a cycle's measured c
 target-only steps against the tokens it commits (which explains the speed-up)."""
 import sys
 
-from ..embedded_drafters import EMBEDDED_DRAFTERS
-from ..target_loading import TextStream, encode_messages, stop_token_ids
+from ..drafting.embedded_drafters import EMBEDDED_DRAFTERS
+from ..target.loading import TextStream, encode_messages, stop_token_ids
 from .common import (add_controller_args, add_draft_vocab_arg, add_runtime_args, add_sampling_args, add_verify_args,
                      check_args, draft_vocab_of, load_decoder, pick_fastest_settings, sampling_of)
 from ..eval.metrics import speedup_ratio
 from ..eval.contention import contention_warning
 from ..foreign_load import timed
+from ..prompts import DEMO_PROMPTS
 from .display import acceptance_histogram, committed_length, drafting_line, exactness_line, rate
-
-DEMO_PROMPTS = (
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-    "How many clips did Natalia sell altogether in April and May?",
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "What is the sum of the first 20 positive odd numbers?",
-    "Give me three tips for staying focused while studying.",
-)
 
 
 def add_parser(subparsers) -> None:
@@ -37,7 +30,7 @@ def add_parser(subparsers) -> None:
                    help="draft blocks of this length instead of the drafter's trained one (a shorter block "
                         "verifies fewer tokens per target pass, which pays on a CPU where a pass costs in "
                         "proportion to its length; default: the fastest measured on this device, "
-                        "dblast_ext.fastest_settings)")
+                        "dblast_ext.decoding.fastest_settings)")
     add_draft_vocab_arg(p)
     add_verify_args(p, fastest=True)
     add_controller_args(p)

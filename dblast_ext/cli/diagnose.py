@@ -17,15 +17,15 @@ import json
 import os
 import sys
 
-from ..target import TargetAdapter
-from ..drafter_io import checkpoint_digest
+from ..target.adapter import TargetAdapter
+from ..drafting.drafter_io import checkpoint_digest
 from ..eval.determinism import Baseline, determinism_study, determinism_table
 from ..eval.expansion import expansion_study, expansion_table
 from ..eval.metrics import first_draft_accepted
 from ..eval.oracle import oracle_records, summarize_oracle
 from ..eval.records import read_run_records
 from ..eval.report import PLOTS_SKIPPED, plot_histograms, summarize_run
-from ..target_loading import default_device, load_target, stop_token_ids
+from ..target.loading import default_device, load_target, stop_token_ids
 from .common import (add_category_temperature_arg, add_model_args, add_sampling_args, add_target_args, check_args,
                      check_sampling_args, check_target_args, load_decoder, load_second_decoder, read_checkpoint_config,
                      sampling_of)

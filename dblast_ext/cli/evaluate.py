@@ -5,8 +5,8 @@ the report covers the other 90%."""
 import os
 import sys
 
-from ..drafter_io import checkpoint_digest
-from ..embedded_drafters import resolve_drafter
+from ..drafting.drafter_io import checkpoint_digest
+from ..drafting.embedded_drafters import resolve_drafter
 from ..eval.calibration import (CALIBRATION_FRACTION, DEFAULT_GRID, calibrate_category_temperature, calibrated_label,
                                 parse_grid, split_prompts)
 from ..eval.datasets import load_dataset_list
@@ -25,7 +25,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(verify=None)  # branch, unless --fastest-settings picks the rule (run() decides)
     p.add_argument("--fastest-settings", action="store_true",
                    help="run at the settings `dblast demo` and `dblast generate` pick for this device and drafter: "
-                        "the fastest measured that keep the output distribution (dblast_ext.fastest_settings: "
+                        "the fastest measured that keep the output distribution (dblast_ext.decoding.fastest_settings: "
                         "dtype, inference block, draft vocabulary, verification rule and node budget); flags given "
                         "override them, as there. Without it --dtype auto means float32 on a CPU and --verify "
                         "branch")

@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from ..target_loading import TextStream, encode_prompt, stop_token_ids
+from ..target.loading import TextStream, encode_prompt, stop_token_ids
 from .common import (add_category_temperature_arg, add_model_args, add_sampling_args, check_args, load_decoder,
                      pick_fastest_settings, sampling_of)
 from ..eval.metrics import speedup_ratio

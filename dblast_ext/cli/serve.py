@@ -8,9 +8,9 @@ import os
 import shlex
 import sys
 
-from ..default_target import DEFAULT_TARGET, resolve_target
-from ..drafter_io import DBLAST_ARCHITECTURE, DFLASH_ARCHITECTURE, checkpoint_files
-from ..target_loading import check_target_path
+from ..target.default import DEFAULT_TARGET, resolve_target
+from ..drafting.drafter_io import DBLAST_ARCHITECTURE, DFLASH_ARCHITECTURE, checkpoint_files
+from ..target.loading import check_target_path
 from .common import read_checkpoint_config
 from ..vllm.branch_choice import BRANCH_SEED_ENV, CATEGORY_TEMPERATURE_ENV
 from ..vllm.offline import preload_env
@@ -123,7 +123,7 @@ def measured_schedule(args, argv):
     """--batch-schedule auto: the pair's schedule where the installed vLLM takes one (else None,
     saying why on stderr); `argv`: serve_command's, whose speculative config names the drafts per
     step and the directories."""
-    from ..serving_schedule import pair_schedule, vllm_has_batch_schedule
+    from ..vllm.serving_schedule import pair_schedule, vllm_has_batch_schedule
 
     if args.batch_schedule == "off":
         return None

@@ -1,1 +1,5 @@
-"""Evaluation: records, metrics, datasets, calibration, diagnostics and reports."""
+"""Evaluation: records, metrics, datasets, calibration, diagnostics and reports.
+
+May import: the package's face and shared vocabulary (the top-level modules), `target`,
+`drafting` and `decoding`; not `training` (the two sit side by side).
+"""

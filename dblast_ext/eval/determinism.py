@@ -21,12 +21,12 @@ import numpy as np
 import torch
 
 from .. import reference
-from ..decoding import SpeculativeDecoder
+from ..decoding.decoder import SpeculativeDecoder
 from ..sampling import SamplingParams
-from ..target import TargetAdapter
+from ..target.adapter import TargetAdapter
 from ..jsonl import read_jsonl
 from ..progress import progress_bar
-from ..target_loading import encode_messages, stop_token_ids
+from ..target.loading import encode_messages, stop_token_ids
 from ..prompts import Prompt, chat_messages
 from .records import append_record, read_done_records
 from .report import plot_determinism

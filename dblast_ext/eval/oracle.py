@@ -15,11 +15,11 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from ..decoding import GenerationOutput, sample_autoregressive
+from ..decoding.decoder import GenerationOutput, sample_autoregressive
 from ..sampling import SamplingParams
-from ..target import TargetAdapter
+from ..target.adapter import TargetAdapter
 from ..progress import progress_bar
-from ..target_loading import encode_messages
+from ..target.loading import encode_messages
 from ..prompts import Prompt, chat_messages
 from .metrics import kept_records
 from .records import append_record, read_done_records

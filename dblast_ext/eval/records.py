@@ -14,7 +14,7 @@ import json
 import os
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..decoding import GenerationOutput
+from ..decoding.decoder import GenerationOutput
 from ..foreign_load import Timing
 from ..jsonl import append_jsonl, read_jsonl
 

@@ -11,12 +11,12 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from ..decoding import SpeculativeDecoder
+from ..decoding.decoder import SpeculativeDecoder
 from ..foreign_load import Timing, timed
 from ..progress import progress_bar
 from ..prompts import Prompt, chat_messages
 from ..sampling import SamplingParams
-from ..target_loading import encode_messages, stop_token_ids
+from ..target.loading import encode_messages, stop_token_ids
 from .records import append_record, make_record, read_done_records
 
 

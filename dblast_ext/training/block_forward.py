@@ -12,7 +12,7 @@ from typing import Dict
 import torch
 import torch.nn.functional as F
 
-from ..drafter import DBlastDrafter, rotary_tables
+from ..drafting.drafter import DBlastDrafter, rotary_tables
 from ..reference import key_visible
 
 

@@ -217,8 +217,8 @@ def validate(c: TrainConfig, flags: Optional[Dict[str, str]] = None) -> TrainCon
         raise ValueError(f"training config: freeze_backbone must be true or false, got {c.freeze_backbone!r}")
     if not isinstance(c.selector_only, bool):
         raise ValueError(f"training config: selector_only must be true or false, got {c.selector_only!r}")
-    from ..drafter_io import checkpoint_files
-    from ..target_loading import check_target_path
+    from ..drafting.drafter_io import checkpoint_files
+    from ..target.loading import check_target_path
 
     check_target_path(c.target, name("target"))
     _check_data_field("data", c.data)

@@ -42,11 +42,11 @@ import torch
 
 from .. import ops
 from ..sampling import SamplingParams, check_temperature, check_top_k, check_top_p
-from ..target import cache_argument, last_position_logits_arguments
+from ..target.adapter import cache_argument, last_position_logits_arguments
 from ..prompts import Prompt, chat_messages
 from ..jsonl import append_jsonl, read_jsonl
 from ..progress import progress_bar
-from ..target_loading import encode_messages, stop_token_ids
+from ..target.loading import encode_messages, stop_token_ids
 
 __all__ = ["generate_training_data", "read_training_data", "sampling_settings", "sample_seed",
            "check_existing", "sample_batch"]
@@ -165,7 +165,7 @@ def sample_batch(model, prompts: Sequence[Sequence[int]], generators: Sequence[t
         raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("a prompt has no tokens")
-    from ..reserved_cache import new_reserved_cache
+    from ..target.reserved_cache import new_reserved_cache
 
     device = next(model.parameters()).device
     rows, width = len(prompts), max(len(p) for p in prompts)

@@ -41,7 +41,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..target import last_position_logits_arguments
+from ..target.adapter import last_position_logits_arguments
 from ..progress import progress_bar
 
 __all__ = ["FeatureCache", "FeatureCacheSet", "open_feature_caches", "TargetPass", "cache_key", "target_pass",

@@ -6,8 +6,8 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
-from ..target import TargetAdapter
-from ..drafter import DBlastDrafter
+from ..target.adapter import TargetAdapter
+from ..drafting.drafter import DBlastDrafter
 from .block_forward import block_inputs, drafter_block_hidden
 from .feature_cache import TOP_K, target_pass
 from .selector_loss import selector_loss

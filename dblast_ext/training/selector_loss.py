@@ -1,4 +1,4 @@
-"""The training loss of DFlash2's candidate selector (dblast_ext.dflash2).
+"""The training loss of DFlash2's candidate selector (dblast_ext.drafting.dflash2).
 
 At every draft position the selector chooses among the top-k tokens of the draft logits, scored
 by unary logit + < A[previous] * (P h), B[candidate] >. It is trained teacher-forced: the
@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..dflash2 import CandidateSelector
+from ..drafting.dflash2 import CandidateSelector
 
 __all__ = ["selector_candidates", "selector_scores", "selector_loss"]
 

@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from ..target import TargetAdapter
-from ..drafter import DBlastDrafter, DrafterConfig
-from ..drafter_io import check_against_target, load_drafter, save_pretrained, set_feature_scale
+from ..target.adapter import TargetAdapter
+from ..drafting.drafter import DBlastDrafter, DrafterConfig
+from ..drafting.drafter_io import check_against_target, load_drafter, save_pretrained, set_feature_scale
 from ..jsonl import read_jsonl
 from ..progress import progress_bar
-from ..target_loading import default_device, load_target
+from ..target.loading import default_device, load_target
 from .config import LEGACY_VALUES, SELECTION_MEASURES, TrainConfig, data_paths
 from .data import read_training_data
 from .feature_cache import FeatureCache, file_digest, open_feature_caches, response_feature_stats, rms_feature_scale
@@ -266,7 +266,7 @@ def autocast_dtype(config: TrainConfig, device: str) -> Optional[torch.dtype]:
     instructions (AVX-512 BF16 or AMX), where it about halves a step. A CPU without them
     emulates bf16 matmuls (measured on a 2-core AVX2 machine: a step took 26x as long as in
     float32), so `auto` is float32 there and an explicit `bfloat16` is warned about."""
-    from ..fastest_settings import cpu_has_native_bf16
+    from ..decoding.fastest_settings import cpu_has_native_bf16
 
     on_cuda = device.startswith("cuda")
     if config.autocast == "off":

@@ -9,8 +9,13 @@ written as `DFlashDraftModel` and run on vLLM's own class. Serve with vLLM's DFl
                                              "num_speculative_tokens": 15}'
 
 (`dblast serve` builds that line). Importing this package does not import vLLM.
+`serving_schedule` measures the batch-size schedule the plugin drafts by.
+
+May import: the package's face and shared vocabulary (the top-level modules), `target`,
+`drafting` and `decoding`.
 """
-from ..drafter_io import DBLAST_ARCHITECTURE as ARCHITECTURE
+from ..drafting.drafter_io import DBLAST_ARCHITECTURE as ARCHITECTURE
+
 _MODEL = "dblast_ext.vllm.drafter_model:DBlastDFlashForCausalLM"
 
 

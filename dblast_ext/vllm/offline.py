@@ -8,7 +8,7 @@ ids), `temperature`, `top_p`, `top_k`, `max_tokens`, `seed` (request i uses seed
 optionally `num_speculative_tokens` (default: the drafter's block size - 1), `batch_size`
 (requests in flight at once, default all), `dtype` (default float32), `record_drafts` (how many
 of the drafter's first proposals to return, DBLast drafters only), `batch_schedule` (vLLM's
-num_speculative_tokens_per_batch_size, dblast_ext.serving_schedule). The result holds `outputs`
+num_speculative_tokens_per_batch_size, dblast_ext.vllm.serving_schedule). The result holds `outputs`
 (token ids per prompt), `seconds` (generation wall time, engine start excluded), `counters`
 (vLLM's spec_decode counters) and `drafts`.
 

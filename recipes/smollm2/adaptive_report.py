@@ -108,7 +108,7 @@ def main():
                   f"{settings.get('verify', 'branch')} verification of {settings.get('max_tree_nodes')} branch nodes + "
                   f"{settings.get('extra_leaves', 0)} extra leaves), {first['datasets']['gsm8k']['n_prompts']} prompts per "
                   f"dataset, {settings['max_new_tokens']} new tokens, speed-up over the target alone on the same prompts "
-                  "and seeds. `adaptive`: the controller on (dblast_ext.adaptive); `off`: every cycle verifies the "
+                  "and seeds. `adaptive`: the controller on (dblast_ext.decoding.adaptive); `off`: every cycle verifies the "
                   "whole block (the loop before the controller). The two runs of a temperature ran back to back "
                   "(recipes/smollm2/adaptive_speed.sh).", "",
                   "| T | controller | " + " | ".join(NAMES[d] for d in DATASETS) + " | mean | tau (mean) |",

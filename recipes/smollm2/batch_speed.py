@@ -2,9 +2,9 @@
 alone batched the same way (`SpeculativeDecoder.generate_batch` against
 `generate_autoregressive_batch`: the same left-padded cache, the same per-prompt seeds and
 filter), at several batch sizes, with each of the loop's target caches (`--target-caches`:
-"dynamic", compacted after each cycle, and "static", fixed slots; dblast_ext.slot_cache) and each
+"dynamic", compacted after each cycle, and "static", fixed slots; dblast_ext.target.slot_cache) and each
 drafting controller (`--controllers`: "adaptive", the default, and "off", every cycle verifying
-the whole block; dblast_ext.adaptive), side by side in one process. Every batch is generated
+the whole block; dblast_ext.decoding.adaptive), side by side in one process. Every batch is generated
 twice by each engine and the second, warm run timed. Run it on idle cores.
 
     OMP_NUM_THREADS=2 python recipes/smollm2/batch_speed.py --out results/smollm2/batch
@@ -21,11 +21,11 @@ from datetime import datetime, timezone
 import torch
 
 from dblast_ext import load_drafter
-from dblast_ext.adaptive import CONTROLLERS
-from dblast_ext.decoding import TARGET_CACHES, SamplingParams, SpeculativeDecoder
-from dblast_ext.embedded_drafters import resolve_drafter
+from dblast_ext.decoding.adaptive import CONTROLLERS
+from dblast_ext.decoding.decoder import TARGET_CACHES, SamplingParams, SpeculativeDecoder
+from dblast_ext.drafting.embedded_drafters import resolve_drafter
 from dblast_ext.eval.datasets import load_dataset_list
-from dblast_ext.target_loading import encode_messages, load_target, stop_token_ids
+from dblast_ext.target.loading import encode_messages, load_target, stop_token_ids
 
 
 def parse_args():

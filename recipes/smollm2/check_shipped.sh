@@ -6,7 +6,7 @@
 # Not the evaluation (recipes/smollm2/eval.sh): fewer prompts, one temperature, every response
 # counted, both drafters at the inference block of the fastest settings (8).
 #   bash recipes/smollm2/check_shipped.sh dflash-k1 > recipes/smollm2/logs/check-shipped-<date>.log
-# Then both again at the new one's CPU defaults (dblast_ext.fastest_settings: bfloat16 where native, the
+# Then both again at the new one's CPU defaults (dblast_ext.decoding.fastest_settings: bfloat16 where native, the
 # measured verification rule, node budget and draft vocabulary; one prompt at a time), unless FASTEST=0.
 # Environment: PROMPTS (20), T (0.7, with top-p 0.8 and top-k 20), MAX_NEW_TOKENS (256), FASTEST (1), DEMO
 # (1; 0: no demo), OUT (runs/check-shipped), OLD_REV (a git revision holding the old drafter).
@@ -55,7 +55,7 @@ print({'drafter_digest': s['settings']['drafter_digest'],
 run_pair "" --batch-size 8
 if [[ ${FASTEST:-1} == 1 ]]; then
   # the new drafter's CPU defaults as flags: the old one, a checkpoint folder, would not get them by name
-  read -r -a fastest < <(python -c "import sys; from dblast_ext.fastest_settings import fastest_exact_settings
+  read -r -a fastest < <(python -c "import sys; from dblast_ext.decoding.fastest_settings import fastest_exact_settings
 s = fastest_exact_settings('cpu', sys.argv[1])
 print('--dtype', s.dtype, '--verify', s.verify, *(['--draft-vocab', s.draft_vocab] if s.draft_vocab else []),
       *(['--max-tree-nodes', s.max_tree_nodes] if s.max_tree_nodes else []))" "$ARM")

@@ -40,7 +40,7 @@ def current_digest(drafter: str):
     """The checkpoint digest of a drafter (an embedded name or a path) as it is now; None when
     it cannot be found here (its records are then kept as they are)."""
     try:
-        from dblast_ext.drafter_io import checkpoint_digest
+        from dblast_ext.drafting.drafter_io import checkpoint_digest
     except ImportError:
         raise SystemExit("checkpoint.py restore compares the recorded drafters with today's: it needs dblast_ext "
                          "(source .venv/bin/activate; scripts/setup.sh makes it)") from None

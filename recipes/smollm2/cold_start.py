@@ -23,12 +23,12 @@ from datetime import datetime, timezone
 import torch
 
 from dblast_ext import load_drafter
-from dblast_ext.adaptive import machine_description
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
-from dblast_ext.embedded_drafters import resolve_drafter
+from dblast_ext.decoding.adaptive import machine_description
+from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder
+from dblast_ext.drafting.embedded_drafters import resolve_drafter
 from dblast_ext.eval.datasets import load_dataset_list
-from dblast_ext.fastest_settings import cpu_has_native_bf16, fastest_exact_settings
-from dblast_ext.target_loading import encode_messages, load_target, stop_token_ids
+from dblast_ext.decoding.fastest_settings import cpu_has_native_bf16, fastest_exact_settings
+from dblast_ext.target.loading import encode_messages, load_target, stop_token_ids
 
 
 def timed(fn, *args, **kwargs):
@@ -90,7 +90,7 @@ def main():
     print(json.dumps({k: v for k, v in summary["batch"].items() if k != "rounds"}), flush=True)
     if args.full:
         os.environ["DBLAST_COST_CACHE"] = tempfile.mkdtemp(prefix="dblast-costs-")
-        from dblast_ext import cost_calibration
+        from dblast_ext.decoding import cost_calibration
 
         cost_calibration._LOADED.clear()
         _, t_full = timed(decoder.prepare, len(prompts))

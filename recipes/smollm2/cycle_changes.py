@@ -31,8 +31,8 @@ CHANGES = ("grouped heads", "kept expander", "crop")
 @contextlib.contextmanager
 def without(changes, decoder):
     """The loop with `changes` switched back to their earlier behaviour."""
-    from dblast_ext import drafter as drafter_module
-    from dblast_ext import target as target_module
+    from dblast_ext.drafting import drafter as drafter_module
+    from dblast_ext.target import adapter as target_module
 
     saved = []
     if "grouped heads" in changes:
@@ -62,8 +62,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from dblast_ext.cli.demo import DEMO_PROMPTS
-    from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
-    from dblast_ext.target_loading import stop_token_ids
+    from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder
+    from dblast_ext.target.loading import stop_token_ids
 
     target, tokenizer, drafter, settings = load_pair_at_cpu_fastest("dblast-k4")
     decoder = SpeculativeDecoder(target, drafter, verify="tree", draft_vocab=settings.draft_vocab,

@@ -66,10 +66,12 @@ def main() -> int:
                         help="branch nodes per trie (default: the CPU fastest settings' budget; 0: every node)")
     args = parser.parse_args()
 
-    from dblast_ext import decoding, trie
-    from dblast_ext.cli.demo import DEMO_PROMPTS
-    from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
-    from dblast_ext.target_loading import stop_token_ids
+    from dblast_ext.decoding import decoder as decoding
+
+    from dblast_ext.decoding import trie
+    from dblast_ext.prompts import DEMO_PROMPTS
+    from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder
+    from dblast_ext.target.loading import stop_token_ids
 
     target, tokenizer, drafter, settings = load_pair_at_cpu_fastest(args.drafter)
     dtype = settings.dtype

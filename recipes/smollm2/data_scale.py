@@ -217,7 +217,7 @@ class Run:
 
     def model(self):
         if self._model is None:
-            from dblast_ext.target_loading import load_target
+            from dblast_ext.target.loading import load_target
 
             self._model = load_target("default", device="cpu", dtype=self.args.dtype)
         return self._model

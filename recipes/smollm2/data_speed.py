@@ -18,7 +18,7 @@ torch.set_num_threads(int(sys.argv[3]))
 from dblast_ext.prompts import chat_messages
 from dblast_ext.eval.datasets import load_dataset_list
 from dblast_ext.sampling import SamplingParams
-from dblast_ext.target_loading import encode_messages, load_target, stop_token_ids
+from dblast_ext.target.loading import encode_messages, load_target, stop_token_ids
 from dblast_ext.training.data import sample_batch, sample_seed
 model, tokenizer = load_target("default", device="cpu", dtype="float32", progress=False)
 prompts = load_dataset_list(sys.argv[1], limit=int(sys.argv[2]))

@@ -21,7 +21,7 @@ def main() -> None:
     paths = sorted(glob.glob(os.path.join(args.runs, "**", "*.jsonl"), recursive=True))
     if not paths:
         parser.error(f"--runs: no *.jsonl records under {args.runs}")
-    from dblast_ext.target_loading import load_target
+    from dblast_ext.target.loading import load_target
 
     _, tokenizer = load_target(args.target, device="cpu")
     by_temperature = {}

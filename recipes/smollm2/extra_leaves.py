@@ -1,4 +1,4 @@
-"""How many extra leaves trie verification should add (dblast_ext.decoding.TREE_EXTRA_LEAVES),
+"""How many extra leaves trie verification should add (dblast_ext.decoding.decoder.TREE_EXTRA_LEAVES),
 measured on held-out training prompts, never an evaluation set: the embedded drafter's
 committed tokens per target pass with greedy-branch verification and with trie verification
 at each count of extra leaves, the same prompts and seeds for every setting.
@@ -25,9 +25,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
 
-    from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
-    from dblast_ext.drafter_io import checkpoint_digest, load_drafter
-    from dblast_ext.target_loading import load_target, resolve_dtype, stop_token_ids
+    from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder
+    from dblast_ext.drafting.drafter_io import checkpoint_digest, load_drafter
+    from dblast_ext.target.loading import load_target, resolve_dtype, stop_token_ids
 
     torch.manual_seed(0)
     target, tokenizer = load_target("default", device="cpu", dtype=args.dtype, progress=False)

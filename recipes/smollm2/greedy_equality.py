@@ -20,11 +20,11 @@ from datetime import datetime, timezone
 import torch
 
 from dblast_ext import load_drafter
-from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
-from dblast_ext.embedded_drafters import resolve_drafter
+from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder
+from dblast_ext.drafting.embedded_drafters import resolve_drafter
 from dblast_ext.eval.datasets import load_dataset_list
-from dblast_ext.fastest_settings import fastest_exact_settings
-from dblast_ext.target_loading import encode_messages, load_target, stop_token_ids
+from dblast_ext.decoding.fastest_settings import fastest_exact_settings
+from dblast_ext.target.loading import encode_messages, load_target, stop_token_ids
 
 
 def parse_args():

@@ -34,7 +34,7 @@ def heldout_texts(name: str, count: int) -> List[str]:
 
 def encode_prompts(tokenizer, texts: Sequence[str]) -> list:
     """Each text as one user turn in the target's chat template."""
-    from dblast_ext.target_loading import encode_messages
+    from dblast_ext.target.loading import encode_messages
     return [encode_messages(tokenizer, [{"role": "user", "content": text}]) for text in texts]
 
 
@@ -45,11 +45,11 @@ def heldout_prompts(tokenizer, sets: Sequence[str], count: int) -> list:
 
 def load_pair_at_cpu_fastest(drafter_name: str):
     """(target, tokenizer, drafter, settings): the embedded target and `drafter_name` with the dtype
-    and inference block of dblast_ext.fastest_settings for a CPU (`settings` also holds the draft
+    and inference block of dblast_ext.decoding.fastest_settings for a CPU (`settings` also holds the draft
     vocabulary, verification rule and node budget, which the decoder takes)."""
-    from dblast_ext.drafter_io import load_drafter
-    from dblast_ext.fastest_settings import fastest_exact_settings
-    from dblast_ext.target_loading import load_target, resolve_dtype
+    from dblast_ext.drafting.drafter_io import load_drafter
+    from dblast_ext.decoding.fastest_settings import fastest_exact_settings
+    from dblast_ext.target.loading import load_target, resolve_dtype
 
     settings = fastest_exact_settings("cpu", drafter_name)
     target, tokenizer = load_target("default", device="cpu", dtype=settings.dtype, progress=False)

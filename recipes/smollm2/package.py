@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 from safetensors.torch import load_file, save_file
 
-from dblast_ext.embedded_drafters import embedded_drafter_dir
+from dblast_ext.drafting.embedded_drafters import embedded_drafter_dir
 
 LIMIT_BYTES = 25 * 1024 * 1024
 

@@ -120,7 +120,7 @@ def main() -> None:
     if args.exclude:
         with open(args.exclude) as f:
             seen = {normalised(json.loads(line)["prompt"]) for line in f if line.strip()}
-    from dblast_ext.target_loading import load_target
+    from dblast_ext.target.loading import load_target
 
     model, tokenizer = load_target("default", device="cpu")
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")

@@ -1,6 +1,6 @@
 """One verify forward of the embedded SmolLM2 target on a CPU, three ways, side by side in one
 process: the compacting cache (the decode loop's default, eager), the fixed-shape static cache
-(dblast_ext.slot_cache, eager), and the static cache's forward compiled by torch.compile
+(dblast_ext.target.slot_cache, eager), and the static cache's forward compiled by torch.compile
 (inductor, fullgraph, fixed shapes; only the static cache gives a forward the same shapes every
 cycle). One prompt of --context random tokens, a block of --block tokens, hidden states kept (as
 the loop keeps them for the drafter). Run it on idle cores.
@@ -13,10 +13,10 @@ import time
 
 import torch
 
-from dblast_ext.ragged_cache import RaggedRows
-from dblast_ext.slot_cache import SlotRows
-from dblast_ext.target import TargetAdapter
-from dblast_ext.target_loading import load_target
+from dblast_ext.target.ragged_cache import RaggedRows
+from dblast_ext.target.slot_cache import SlotRows
+from dblast_ext.target.adapter import TargetAdapter
+from dblast_ext.target.loading import load_target
 
 
 def milliseconds(fn, repeats: int) -> float:

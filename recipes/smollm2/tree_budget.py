@@ -1,5 +1,5 @@
 """How many branch nodes trie verification should score per cycle on a CPU
-(dblast_ext.fastest_settings), measured on held-out training prompts, never an evaluation set:
+(dblast_ext.decoding.fastest_settings), measured on held-out training prompts, never an evaluation set:
 the embedded drafter with `dblast demo`'s fastest exact settings, greedy-branch verification and
 trie verification under each node budget (the nodes the drafter expects a walk to reach most
 often, plus the default extra leaves), against the target alone on the same prompts and seeds.
@@ -25,14 +25,14 @@ def main() -> int:
     parser.add_argument("--budgets", type=int, nargs="+", default=[0, 24, 16, 12, 8],
                         help="branch nodes per trie (0: all of them)")
     parser.add_argument("--extra-leaves", type=int, default=None,
-                        help="extra leaves per trie (default: dblast_ext.decoding.TREE_EXTRA_LEAVES)")
+                        help="extra leaves per trie (default: dblast_ext.decoding.decoder.TREE_EXTRA_LEAVES)")
     parser.add_argument("--no-branch", action="store_true", help="leave out greedy-branch verification")
     add_heldout_run_args(parser, sets=["math", "chat"], prompts=8)
     args = parser.parse_args()
 
-    from dblast_ext.decoding import TREE_EXTRA_LEAVES, SamplingParams, SpeculativeDecoder
-    from dblast_ext.drafter_io import checkpoint_digest
-    from dblast_ext.target_loading import stop_token_ids
+    from dblast_ext.decoding.decoder import TREE_EXTRA_LEAVES, SamplingParams, SpeculativeDecoder
+    from dblast_ext.drafting.drafter_io import checkpoint_digest
+    from dblast_ext.target.loading import stop_token_ids
 
     target, tokenizer, drafter, settings = load_pair_at_cpu_fastest(args.drafter)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p)

@@ -26,9 +26,9 @@ def main() -> int:
     add_heldout_run_args(parser, sets=["math", "chat", "code"], prompts=16)
     args = parser.parse_args()
 
-    from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
-    from dblast_ext.drafter_io import checkpoint_digest
-    from dblast_ext.target_loading import stop_token_ids
+    from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder
+    from dblast_ext.drafting.drafter_io import checkpoint_digest
+    from dblast_ext.target.loading import stop_token_ids
 
     target, tokenizer, drafter, settings = load_pair_at_cpu_fastest(args.drafter)
     if settings.verify != "tree":

@@ -5,11 +5,11 @@ builds that have it). vLLM's engine cannot take the package's adaptive controlle
 take the controller's decision as a function of the batch size, from the same two measurements:
 
 - the cost of a cycle at each depth and batch size (the controller's cost table, measured on
-  this machine with the pair; dblast_ext.cost_calibration), and
+  this machine with the pair; dblast_ext.decoding.cost_calibration), and
 - the pair's conditional acceptance at each draft position, measured with every cycle
   verifying the whole block on the built-in demo prompts at temperature 0;
 
-drafts(n) = argmax_d E(d) / C(n, d) (dblast_ext.adaptive), capped at the drafts per step the
+drafts(n) = argmax_d E(d) / C(n, d) (dblast_ext.decoding.adaptive), capped at the drafts per step the
 server was asked for (and, as the controller decides, a depth between 0 and the cap only where it
 is expected to be faster than the cap by more than adaptive.DEPARTURE_MARGIN). Measured once per
 machine, pair and settings and cached beside the cost tables.
@@ -20,7 +20,7 @@ import math
 import os
 from typing import List, Optional, Sequence
 
-from .adaptive import CostTable, FixedDepth, chosen_depth, cost_cache_root, expected_committed, machine_description
+from ..decoding.adaptive import CostTable, FixedDepth, chosen_depth, cost_cache_root, expected_committed, machine_description
 
 __all__ = ["batch_schedule", "measure_acceptance", "pair_schedule", "vllm_has_batch_schedule", "MAX_SCHEDULED_BATCH"]
 
@@ -69,7 +69,7 @@ def measure_acceptance(decoder, prompts: Sequence[Sequence[int]], max_new_tokens
                        stop_token_ids: Optional[Sequence[int]] = None) -> List[float]:
     """The mean conditional acceptance at each draft position over greedy responses to
     `prompts`, every cycle verifying the whole block (`decoder`'s own controller is put back)."""
-    from .sampling import SamplingParams
+    from ..sampling import SamplingParams
 
     observing, before = _Observing(), decoder.controller
     decoder.controller = observing
@@ -129,11 +129,11 @@ def pair_schedule(target_dir: str, drafter_dir: str, max_drafts: int, device: Op
             return json.load(f)["schedule"]
     except (OSError, ValueError, KeyError):
         pass
-    from .cli.demo import DEMO_PROMPTS
-    from .cost_calibration import calibrate_costs
-    from .decoding import SpeculativeDecoder
-    from .drafter_io import load_drafter
-    from .target_loading import default_device, encode_messages, load_target, stop_token_ids
+    from ..prompts import DEMO_PROMPTS
+    from ..decoding.cost_calibration import calibrate_costs
+    from ..decoding.decoder import SpeculativeDecoder
+    from ..drafting.drafter_io import load_drafter
+    from ..target.loading import default_device, encode_messages, load_target, stop_token_ids
 
     if progress:
         print("dblast: measuring the pair's cycle costs and acceptance for vLLM's batch-size schedule (once)",

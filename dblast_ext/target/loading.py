@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import torch
 
-from .checkpoint_files import check_weights_file, read_json_object
+from ..checkpoint_files import check_weights_file, read_json_object
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -28,7 +28,7 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 
 def check_target_path(path: str, name: str = "--target") -> None:
     """A clear error for a target that is neither "default" nor a local directory."""
-    from .default_target import DEFAULT_TARGET
+    from .default import DEFAULT_TARGET
 
     if path != DEFAULT_TARGET and not os.path.isdir(path):
         raise FileNotFoundError(f"{name} {path!r} is not a local directory (nothing is downloaded: give a directory "
@@ -72,7 +72,7 @@ def load_target(path: str, *, device: Optional[str] = None, dtype: str = "auto",
     """(model, tokenizer) from a local directory holding a transformers causal LM
     (config.json, weights, tokenizer files), or "default" for the embedded SmolLM2.
     `progress=False` also silences transformers' weight-loading bar (a command's --no-progress)."""
-    from .default_target import resolve_target
+    from .default import resolve_target
 
     check_target_path(path)
     path = resolve_target(path)

@@ -6,7 +6,7 @@ row's) and its own cache, a proposer returns a `Proposal`: the greedy token
 of each of its K branches at each of the b draft positions, and the category prior over the
 branches (DBLast Eq 18-19); optionally each branch's m likeliest tokens at each position and
 their probabilities (a `RankedProposal`), from which trie verification adds extra leaves
-(dblast_ext.trie.add_alternative_leaves). The decode loop chooses a branch, has the target score it and
+(dblast_ext.decoding.trie.add_alternative_leaves). The decode loop chooses a branch, has the target score it and
 verifies exactly, so any proposer whose proposals meet `branch_verify`'s contract (int64 ids
 below the vocabulary, a finite prior summing to 1 per row: docs/ops.md) keeps the output
 distribution the target's; only the acceptance depends on it.
@@ -21,7 +21,7 @@ import torch
 from .dflash2 import SelectedChain, draft_logits
 from .draft_vocabulary import DraftVocab, draft_vocabulary, end_of_sequence_ids
 from .drafter import DBlastDrafter, DrafterCache
-from .target import TargetAdapter
+from ..target.adapter import TargetAdapter
 
 
 class Proposal(NamedTuple):
@@ -80,7 +80,7 @@ class DrafterProposer:
 
     def __init__(self, drafter: DBlastDrafter, target: TargetAdapter, *, category_temperature: float = 1.0,
                  draft_vocab: DraftVocab = None, use_kernels: bool = True):
-        """`draft_vocab`: the token ids the drafter may propose (dblast_ext.draft_vocabulary:
+        """`draft_vocab`: the token ids the drafter may propose (dblast_ext.drafting.draft_vocabulary:
         an int N for the first N ids, or a list of ids; None for all of them)."""
         self.drafter = drafter
         self.target = target
@@ -159,7 +159,7 @@ class DrafterProposer:
     def selected_chain(self, anchors: torch.Tensor, block_hidden: torch.Tensor) -> SelectedChain:
         """A DFlash2 drafter's chain over the draft vocabulary: the LM head's logits at every
         draft position (times the output multiplier, soft-capped), then the candidate selector's
-        walk from each anchor at `selector_temperature` (dblast_ext.dflash2)."""
+        walk from each anchor at `selector_temperature` (dblast_ext.drafting.dflash2)."""
         ids, hidden, logits = self._selector_inputs(block_hidden)
         return self.drafter.candidate_selector.walk(anchors, hidden, logits, ids, self.selector_temperature,
                                                     self.selector_generator, self.selector_uniforms)
@@ -229,7 +229,7 @@ def check_proposer(proposer: Proposer, num_target_layers: int) -> None:
     missing = [name for name in ("block_size", "num_branches", "target_layer_ids", "new_cache", "propose")
                if not hasattr(proposer, name)]
     if missing:
-        raise TypeError(f"proposer {type(proposer).__name__} lacks {', '.join(missing)} (see dblast_ext.proposer)")
+        raise TypeError(f"proposer {type(proposer).__name__} lacks {', '.join(missing)} (see dblast_ext.drafting.proposer)")
     if int(proposer.block_size) < 2:
         raise ValueError(f"proposer.block_size must be >= 2 (an anchor and at least one draft), "
                          f"got {proposer.block_size}")

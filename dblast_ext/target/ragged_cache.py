@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .target import TargetAdapter
+from .adapter import TargetAdapter
 
 
 def full_attention_layers(cache):
@@ -36,7 +36,7 @@ class RaggedRows:
     the loop updates them from the accepted counts it reads once per cycle, so building a
     forward's mask and positions never reads the device."""
 
-    commits_on_device = False  # `commit` takes host counts (dblast_ext.slot_cache.SlotRows: a device tensor)
+    commits_on_device = False  # `commit` takes host counts (dblast_ext.target.slot_cache.SlotRows: a device tensor)
 
     def __init__(self, starts: Sequence[int], ends: Sequence[int]):
         self.starts, self.ends = list(starts), list(ends)

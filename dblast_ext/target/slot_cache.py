@@ -11,7 +11,7 @@ computed on the device from `lengths`: a forward's shapes and its host work are 
 cycle, whatever each row accepted.
 
 The price is attending over `capacity` slots instead of the committed ones, so on a CPU it is
-no faster than dblast_ext.ragged_cache (which compacts the cache after each cycle and attends
+no faster than dblast_ext.target.ragged_cache (which compacts the cache after each cycle and attends
 over the longest row only); it is the layout for replaying the cycle from a graph. The prefill
 runs on the ragged cache (its prompt lengths differ and it runs once) and is then copied in,
 each row's prompt left-aligned. Imported only where transformers is.

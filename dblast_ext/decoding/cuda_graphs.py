@@ -1,16 +1,17 @@
 """The decode cycle replayed from CUDA graphs (`SpeculativeDecoder(..., cuda_graphs=True)`).
 Staged: written ahead of a GPU run, off by default until one shows it exact and faster.
 
-What is captured. A cycle with the static target cache (dblast_ext.slot_cache) has the same
+What is captured. A cycle with the static target cache (dblast_ext.target.slot_cache) has the same
 shapes every time, so its device work is captured once per shape and replayed after, in three
-graphs launched back to back (parts, each replaying the decoder's own code):
-  1. "draft": the drafter pass (`SpeculativeDecoder._draft`: propose, then the branch choice)
-     and the cut to the cycle's depth;
-  2. "score": the target forward on [anchor, draft] over the slot cache (`_score`: its 4D mask
-     and positions are computed inside, from the row lengths);
-  3. "verify": `branch_verify` without value checks (`_verify(validate=False)`).
+graphs launched back to back (parts, each replaying the eager loop's own steps: the
+`chain_cycle.ChainCycle` the loop hands over is all the replay uses of the decoder):
+  1. "draft": the drafter pass (`ChainCycle.draft`: propose, then the branch choice) and the cut
+     to the cycle's depth;
+  2. "score": the target forward on [anchor, draft] over the slot cache (`ChainCycle.score`: its
+     4D mask and positions are computed inside, from the row lengths);
+  3. "verify": `branch_verify` without value checks (`ChainCycle.verify(validate=False)`).
 A plain target step (depth 0, the adaptive controller's) is one more part, "plain"
-(`_plain_step`). Three graphs rather than one cost two more launches per cycle (microseconds)
+(`ChainCycle.plain_step`). Three graphs rather than one cost two more launches per cycle (microseconds)
 and give the bench each part's time between them; and a part that cannot be captured runs
 eagerly between the others on the same fixed buffers ("otherwise graphs around the drafter
 pass and the verifier"). A part whose capture fails (a host read inside it, say) stays eager
@@ -64,8 +65,9 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .proposer import DrafterProposer, Proposal
-from .results import VerifyResult
+from ..drafting.proposer import DrafterProposer, Proposal
+from ..results import VerifyResult
+from .chain_cycle import ChainCycle
 
 __all__ = ["CycleGraphs", "BATCH_BUCKETS", "PAD_LENGTH", "ENV_VAR", "bucket_for", "env_switch", "check_switch",
            "graphs_apply"]
@@ -179,7 +181,7 @@ class _State:
     def __init__(self, rows: int, layout, target_cache, proposer, proposer_cache, block: int, capture: bool):
         from transformers import DynamicCache
 
-        from .slot_cache import SlotLayer, SlotRows
+        from ..target.slot_cache import SlotLayer, SlotRows
 
         lengths = layout.lengths
         device = lengths.device
@@ -283,15 +285,15 @@ class CycleGraphs:
         self._events.clear()
 
     # the loop's hooks
-    def cycle(self, decoder, anchors, context, context_lens, proposer_cache, uniforms, layout, target_cache,
+    def cycle(self, steps: ChainCycle, anchors, context, context_lens, proposer_cache, uniforms, layout, target_cache,
               sampling, depth: int):
         """One drafted cycle of `depth` drafts from graphs: (VerifyResult, the block's features,
         branch [N], prior [N, K]), as the eager steps give them; None to run it eagerly."""
         n = anchors.shape[0]
-        state = self._state(decoder, n, layout, target_cache, proposer_cache)
+        state = self._state(steps, n, layout, target_cache, proposer_cache)
         if state is None:
             return None
-        key = ("cycle", tuple(context.shape[1:]), context.dtype, depth) + self._settings(decoder, sampling)
+        key = ("cycle", tuple(context.shape[1:]), context.dtype, depth) + self._settings(steps, sampling)
         parts = state.graphs.get(key)
         if parts is None and len(state.graphs) >= self.max_graphs:
             return None
@@ -299,7 +301,7 @@ class CycleGraphs:
         state.load(n, anchors, uniforms, layout.lengths, context_lens, proposer_cache.lengths)
         buffer = state.context(n, context)
         if parts is None:
-            parts = state.graphs[key] = self._build(state, self._cycle_parts(decoder, state, buffer, depth, sampling))
+            parts = state.graphs[key] = self._build(state, self._cycle_parts(steps, state, buffer, depth, sampling))
         else:
             self._run(parts)
         tokens, prior, branch, _, lengths = parts[0].outputs
@@ -310,14 +312,14 @@ class CycleGraphs:
         return (VerifyResult(accepted[:n].clone(), output_tokens[:n].clone(), accept_probs[:n].clone()),
                 features[:n].clone(), branch[:n].clone(), prior[:n].clone())
 
-    def plain_step(self, decoder, anchors, proposer_cache, uniforms, layout, target_cache, sampling):
+    def plain_step(self, steps: ChainCycle, anchors, proposer_cache, uniforms, layout, target_cache, sampling):
         """A plain target step from a graph: (VerifyResult, the anchors' features) as
-        `_plain_step` gives them; None to run it eagerly."""
+        `ChainCycle.plain_step` gives them; None to run it eagerly."""
         n = anchors.shape[0]
-        state = self._state(decoder, n, layout, target_cache, proposer_cache)
+        state = self._state(steps, n, layout, target_cache, proposer_cache)
         if state is None:
             return None
-        key = ("plain",) + self._settings(decoder, sampling)
+        key = ("plain",) + self._settings(steps, sampling)
         parts = state.graphs.get(key)
         if parts is None and len(state.graphs) >= self.max_graphs:
             return None
@@ -325,8 +327,8 @@ class CycleGraphs:
         state.load(n, anchors, uniforms, layout.lengths)
         if parts is None:
             def plain():
-                result, features = decoder._plain_step(state.anchors, state.uniforms, state.layout, state.target_cache,
-                                                       sampling)
+                result, features = steps.plain_step(state.anchors, state.uniforms, state.layout, state.target_cache,
+                                                    sampling)
                 return (*result, features)
 
             parts = state.graphs[key] = self._build(state, [_Part("plain", plain)])
@@ -348,19 +350,19 @@ class CycleGraphs:
         return {name: totals[name] / counts[name] for name in totals}
 
     # the machinery
-    def _state(self, decoder, n: int, layout, target_cache, proposer_cache) -> Optional[_State]:
-        from .slot_cache import SlotRows
+    def _state(self, steps: ChainCycle, n: int, layout, target_cache, proposer_cache) -> Optional[_State]:
+        from ..target.slot_cache import SlotRows
 
         rows = bucket_for(n, self.buckets)
         if rows is None or not isinstance(layout, SlotRows) or not hasattr(proposer_cache, "keys"):
             return None
-        model, drafter = decoder.target.model, decoder.proposer.drafter
-        identity = (id(model), next(model.parameters()).data_ptr(), decoder.target.lm_head_weight.data_ptr(),
+        model, drafter = steps.target.model, steps.proposer.drafter
+        identity = (id(model), next(model.parameters()).data_ptr(), steps.target.lm_head_weight.data_ptr(),
                     id(drafter), next(drafter.parameters()).data_ptr())
         key = (rows, layout.capacity, layout.mask_dtype, proposer_cache.capacity, identity)
         state = self.states.get(key)
         if state is None:
-            state = _State(rows, layout, target_cache, decoder.proposer, proposer_cache, decoder.proposer.block_size,
+            state = _State(rows, layout, target_cache, steps.proposer, proposer_cache, steps.proposer.block_size,
                            self.capture)
             self.states[key] = state
             while len(self.states) > self.max_states:
@@ -369,23 +371,23 @@ class CycleGraphs:
         return state
 
     @staticmethod
-    def _settings(decoder, sampling) -> tuple:
+    def _settings(steps: ChainCycle, sampling) -> tuple:
         """What a captured part bakes in besides shapes: the filter, Z_T, the kernels."""
-        from . import ops
+        from .. import ops
 
-        variant = ops.cuda_kernels() if decoder.use_kernels else "reference"
-        return (tuple(sorted(sampling.kwargs().items())), getattr(decoder.proposer, "category_temperature", None),
-                decoder.use_kernels, variant)
+        variant = ops.cuda_kernels() if steps.use_kernels else "reference"
+        return (tuple(sorted(sampling.kwargs().items())), getattr(steps.proposer, "category_temperature", None),
+                steps.use_kernels, variant)
 
     @staticmethod
-    def _cycle_parts(decoder, state: _State, context: torch.Tensor, depth: int, sampling):
+    def _cycle_parts(steps: ChainCycle, state: _State, context: torch.Tensor, depth: int, sampling):
         parts = []
 
         def draft():
             cache = state.drafter_cache
             try:
-                proposal, branch, drafts = decoder._draft(state.anchors, context, state.context_lens, cache,
-                                                          state.uniforms)
+                proposal, branch, drafts = steps.draft(state.anchors, context, state.context_lens, cache,
+                                                       state.uniforms)
                 lengths = cache.lengths
             finally:
                 cache.lengths = state.drafter_lengths  # the next run reads the fixed input again
@@ -393,12 +395,12 @@ class CycleGraphs:
 
         def score():
             drafts = parts[0].outputs[3]
-            return decoder._score(state.anchors, drafts, state.layout, state.target_cache)
+            return steps.score(state.anchors, drafts, state.layout, state.target_cache)
 
         def verify():
             tokens, prior, branch = parts[0].outputs[:3]
-            result = decoder._verify(parts[1].outputs[0], Proposal(tokens, prior), branch,
-                                     state.uniforms[:, 1 : depth + 2], sampling, validate=False)
+            result = steps.verify(parts[1].outputs[0], Proposal(tokens, prior), branch,
+                                  state.uniforms[:, 1 : depth + 2], sampling, validate=False)
             return tuple(result)
 
         parts += [_Part("draft", draft), _Part("score", score), _Part("verify", verify)]

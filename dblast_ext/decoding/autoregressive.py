@@ -4,12 +4,12 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
-from . import ops, reference
+from .. import ops, reference
 from .generation import (GenerationOutput, check_target_cache, draw_uniforms, keep_until_stop, prompt_lists,
                          prompt_tensor, row_generators, stop_id_set)
-from .ragged_cache import RaggedRows
-from .sampling import SamplingParams, sample_from_logits
-from .target import TargetAdapter
+from ..target.ragged_cache import RaggedRows
+from ..sampling import SamplingParams, sample_from_logits
+from ..target.adapter import TargetAdapter
 
 
 @torch.inference_mode()
@@ -60,7 +60,7 @@ def sample_autoregressive_batch(target: TargetAdapter, prompts, sampling: Option
     logits, _ = target.forward(ids, cache, hidden_states=False, last_logits_only=True, attention_mask=mask,
                                position_ids=positions)
     if target_cache == "static":  # fixed shapes from here on, as in the speculative loop
-        from .slot_cache import SlotRows
+        from ..target.slot_cache import SlotRows
 
         layout, cache = SlotRows.from_prefill(cache, layout, layout.end + max_new_tokens)
     sample = ops.sample_tokens if use_kernels else reference.sample_tokens

@@ -185,7 +185,7 @@ class AdaptiveDepth:
 
     def __init__(self, alpha: float = ALPHA, probe_budget: float = PROBE_BUDGET, clock=time.perf_counter):
         """`clock`: seconds, read once per `depth` call to time the cycles when the costs are
-        learned (dblast_ext.learned_costs); tests give their own."""
+        learned (dblast_ext.decoding.learned_costs); tests give their own."""
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
         if not 0 < probe_budget <= 1:
@@ -395,7 +395,7 @@ class CostTable:
     per context token the drafter reads beyond a drafting cycle's own (after plain steps, or the
     prompt): `chain_catch_up[n]`, `tree_catch_up`. `key` names what it was measured for
     (machine, models, dtype, settings: `cost_key`). `learned`: what generations timed
-    (dblast_ext.learned_costs): {"chain" | "tree": {"costs": {n: {d: seconds}}, "catch_up": {n: seconds}}}."""
+    (dblast_ext.decoding.learned_costs): {"chain" | "tree": {"costs": {n: {d: seconds}}, "catch_up": {n: seconds}}}."""
     key: Dict[str, object] = field(default_factory=dict)
     chain: Dict[int, List[float]] = field(default_factory=dict)
     tree: Optional[List[float]] = None

@@ -19,7 +19,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import nn
 
-from . import ops, reference
+from .. import ops, reference
 from .dflash2 import CandidateSelector, GroupedDynamicConv
 
 
@@ -44,7 +44,7 @@ class DrafterConfig:
     is_causal: Optional[bool] = None  # every layer causal (True) or not (False); None: sliding layers only
     input_embedding_scale: float = 1.0  # block embeddings = target embeddings x this
     num_branches: int = 1
-    # DFlash2 (dblast_ext.dflash2): convolutions around every sublayer, the candidate selector, and
+    # DFlash2 (dblast_ext.drafting.dflash2): convolutions around every sublayer, the candidate selector, and
     # the draft logits' multiplier and soft-cap; None / 1.0: a DFlash (or DBLast) drafter
     conv_kernel_size: Optional[int] = None
     conv_group_size: Optional[int] = None

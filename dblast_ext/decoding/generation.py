@@ -149,8 +149,8 @@ def stop_id_set(stop_token_ids, vocab_size: Optional[int] = None) -> Set[int]:
     return set(ids)
 
 
-# the decode loops' target KV caches: compacted after each cycle (dblast_ext.ragged_cache), or fixed
-# slots giving every verify forward the same shapes (dblast_ext.slot_cache)
+# the decode loops' target KV caches: compacted after each cycle (dblast_ext.target.ragged_cache), or fixed
+# slots giving every verify forward the same shapes (dblast_ext.target.slot_cache)
 TARGET_CACHES = ("dynamic", "static")
 
 

@@ -1,6 +1,6 @@
 """The adaptive controller's cycle costs, learned from the cycles it runs.
 
-A cycle's cost C(n, d) (seconds at batch size n verifying d drafts; dblast_ext.adaptive) depends
+A cycle's cost C(n, d) (seconds at batch size n verifying d drafts; dblast_ext.decoding.adaptive) depends
 on the machine, the models, the dtype and the settings, so it has to be measured; measuring a
 whole table before the first generation took minutes on a fresh machine (every depth at batch
 sizes 1, 2, 4, ... up to the batch). Instead the controller times the cycles the generation runs

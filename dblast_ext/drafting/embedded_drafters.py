@@ -10,7 +10,8 @@ EMBEDDED_DRAFTERS: Dict[str, str] = {
     "dflash-k1": "K = 1 DFlash-style drafter trained with NLL",
     "dblast-k4": "K = 4 DBLast drafter trained with the accepted-length surrogate (tau 0.1)",
 }
-_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drafters", "smollm2-135m-instruct")
+# the shipped weights sit at the package root (dblast_ext/drafters), where the wheel's package data lists them
+_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "drafters", "smollm2-135m-instruct")
 
 
 def embedded_drafter_dir(name: str) -> str:

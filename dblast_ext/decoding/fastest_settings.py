@@ -31,7 +31,7 @@ __all__ = ["ExactSpeedSettings", "CpuFastest", "fastest_exact_settings", "cpu_ha
 @dataclass(frozen=True)
 class CpuFastest:
     """An embedded drafter's fastest measured CPU settings: inference block, draft vocabulary, and
-    the verification rule with its node budget (dblast_ext.decoding.SpeculativeDecoder)."""
+    the verification rule with its node budget (dblast_ext.decoding.decoder.SpeculativeDecoder)."""
     block_size: int
     draft_vocab: int
     verify: str = "branch"

@@ -72,7 +72,7 @@ class TargetAdapter:
         return self.lm_head_weight.dtype
 
     def new_cache(self):
-        """transformers' DynamicCache appending in place (dblast_ext.reserved_cache)."""
+        """transformers' DynamicCache appending in place (dblast_ext.target.reserved_cache)."""
         from .reserved_cache import new_reserved_cache
 
         return new_reserved_cache()
@@ -81,8 +81,8 @@ class TargetAdapter:
                 attention_mask: torch.Tensor = None, position_ids: torch.Tensor = None):
         """`last_logits_only` for a prefill, which samples from its last position only: [T, V]
         logits over the whole prompt would be about a fifth of the pass (SmolLM2) for nothing.
-        `attention_mask` (2D over the cache's slots and the new tokens, dblast_ext.ragged_cache; or
-        4D additive, dblast_ext.slot_cache) and `position_ids` for batches of ragged rows; None:
+        `attention_mask` (2D over the cache's slots and the new tokens, dblast_ext.target.ragged_cache; or
+        4D additive, dblast_ext.target.slot_cache) and `position_ids` for batches of ragged rows; None:
         the model's defaults."""
         extra = dict(self._last_logits_kwargs) if last_logits_only else {}
         if attention_mask is not None:
@@ -95,7 +95,7 @@ class TargetAdapter:
         return out.logits, self.features(out.hidden_states)
 
     def forward_tree(self, input_ids: torch.Tensor, cache, position_ids: torch.Tensor, attention_mask: torch.Tensor):
-        """One forward over a token tree (dblast_ext.trie): explicit positions and a 4D additive
+        """One forward over a token tree (dblast_ext.decoding.trie): explicit positions and a 4D additive
         mask, which transformers uses as given. Every row's logits and features; the cache gains
         every row's keys and values, to be narrowed with `keep_rows`."""
         with grouped_heads_under_masks(input_ids.device):

@@ -15,7 +15,7 @@ from typing import Iterable, Optional, Sequence, Union
 
 import torch
 
-from .target_loading import declared_eos_ids
+from ..target.loading import declared_eos_ids
 
 DraftVocab = Union[int, Sequence[int], torch.Tensor, None]
 

@@ -36,7 +36,7 @@ class TrieWalk:
     branch_rule_expected: Optional[float] = None  # greedy-branch verification's expected accepted drafts
     # for the same proposal and target distributions (None when a node budget cut the trie)
     depth_reach: List[float] = field(default_factory=list)  # [i - 1]: the chance the walk accepts at least
-    # i drafts, for every depth i of the trie (the adaptive controller's signal: dblast_ext.adaptive)
+    # i drafts, for every depth i of the trie (the adaptive controller's signal: dblast_ext.decoding.adaptive)
 
 
 @dataclass

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from .checkpoint_files import check_weights_file, read_json_object
+from ..checkpoint_files import check_weights_file, read_json_object
 from .drafter import DBlastDrafter, DrafterConfig
 
 _KNOWN = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -32,7 +32,7 @@ DFLASH2_ARCHITECTURE = "DFlash2DraftModel"
 # DFlash settings read from `dflash_config` first, then the top level (as DFlash's own loader does).
 _DRAFT_KEYS = ("mask_token_id", "target_layer_ids", "block_size", "input_embedding_scale", "conv_kernel_size",
                "conv_group_size", "selector_rank", "selector_top_k", "output_multiplier", "final_logit_softcapping")
-# DFlash2's settings (dblast_ext.dflash2), written back to `dflash_config` when set
+# DFlash2's settings (dblast_ext.drafting.dflash2), written back to `dflash_config` when set
 _DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 # Settings that change the drafter's math in some DFlash variant and that this drafter does not
 # implement: refused rather than ignored. Value = what a checkpoint may hold and still load.

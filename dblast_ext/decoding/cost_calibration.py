@@ -1,4 +1,4 @@
-"""Measuring the adaptive controller's cost table (dblast_ext.adaptive.CostTable): how many
+"""Measuring the adaptive controller's cost table (dblast_ext.decoding.adaptive.CostTable): how many
 seconds a cycle of the decode loop takes at each depth, at each batch size, on this machine, with
 these models, this dtype and these settings.
 
@@ -90,7 +90,7 @@ def _schedule(max_depth: int, repeats: int) -> tuple:
 
 
 def _time_cycles(decoder, rows: int, tree: bool, repeats: int) -> List[float]:
-    from .sampling import SamplingParams
+    from ..sampling import SamplingParams
 
     max_depth = decoder.proposer.block_size - 1
     generator = torch.Generator().manual_seed(0)
