@@ -367,7 +367,7 @@ def test_dataset_list_errors_name_the_flag(files, capsys, datasets):
 
 
 def test_the_eval_recipe_header_lists_every_variable_it_reads():
-    with open(os.path.join(REPO, "recipes", "smollm2", "eval.sh")) as f:
+    with open(os.path.join(REPO, "recipes", "smollm2", "evaluate", "eval.sh")) as f:
         script = f.read()
     header = "".join(itertools.takewhile(lambda line: line.startswith("#"), script.splitlines(keepends=True)))
     read = set(re.findall(r"\$\{(\w+):-", script))

@@ -1,11 +1,11 @@
-"""recipes/smollm2/checkpoint.py: records saved into the repository come back on a new machine
+"""recipes/smollm2/evaluate/checkpoint.py: records saved into the repository come back on a new machine
 (complete lines only), runs finished there come back as finished, and nothing newer is overwritten."""
 import json
 import os
 import subprocess
 import sys
 
-CHECKPOINT = os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "checkpoint.py")
+CHECKPOINT = os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "evaluate", "checkpoint.py")
 
 
 def checkpoint(*args):

@@ -1,4 +1,4 @@
-"""recipes/smollm2/choose_pilot.py: the pilot whose held-out agreements imply the longest greedy
+"""recipes/smollm2/train_drafters/choose_pilot.py: the pilot whose held-out agreements imply the longest greedy
 accepted length wins, at its best checkpoint; within the tie margin the cheaper pilot (fewer
 layers, then the smaller block) wins; bad names and missing logs are refused."""
 import json
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-CHOOSER = os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "choose_pilot.py")
+CHOOSER = os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "train_drafters", "choose_pilot.py")
 sys.path.insert(0, os.path.dirname(CHOOSER))
 from choose_pilot import estimated_tau  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""recipes/smollm2/collect.py on a made-up runs folder (real `dblast eval` report files written
+"""recipes/smollm2/evaluate/collect.py on a made-up runs folder (real `dblast eval` report files written
 from synthetic records): the targets come out met, not met or pending from what the finished
 runs measured, the tau figure is drawn, the results README's tables are rewritten between their
 markers with the text around them kept, and the top-level README gets its short table. Last,
@@ -16,8 +16,8 @@ from dblast_ext.cli.common import read_checkpoint_config
 from dblast_ext.eval.report import write_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COLLECT = os.path.join(ROOT, "recipes", "smollm2", "collect.py")
-CHECKPOINT = os.path.join(ROOT, "recipes", "smollm2", "checkpoint.py")
+COLLECT = os.path.join(ROOT, "recipes", "smollm2", "evaluate", "collect.py")
+CHECKPOINT = os.path.join(ROOT, "recipes", "smollm2", "evaluate", "checkpoint.py")
 RESULTS = os.path.join(ROOT, "results", "smollm2")
 DATASETS = ("gsm8k", "mtbench", "humaneval", "math500")
 SECTIONS = ("targets", "acceptance", "speed", "per-dataset", "blocks", "oracle", "histograms", "determinism")

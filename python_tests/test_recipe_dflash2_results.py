@@ -1,4 +1,4 @@
-"""recipes/smollm2/dflash2_results.py on synthetic runs: the DFlash2 candidate's acceptance
+"""recipes/smollm2/evaluate/dflash2_results.py on synthetic runs: the DFlash2 candidate's acceptance
 against the embedded drafters' kept records, paired on the prompts both cover, with the verdict
 per temperature; its runs copied into results/smollm2/dflash2/; the README's text kept."""
 import os
@@ -9,7 +9,7 @@ import pytest
 
 from test_recipe_collect import ROOT, block, write_run
 
-SCRIPT = os.path.join(ROOT, "recipes", "smollm2", "dflash2_results.py")
+SCRIPT = os.path.join(ROOT, "recipes", "smollm2", "evaluate", "dflash2_results.py")
 
 
 def run(runs, results):

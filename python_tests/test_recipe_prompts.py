@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-RECIPE = os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2")
+RECIPE = os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "make_data")
 
 
 def load_script(name):

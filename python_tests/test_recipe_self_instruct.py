@@ -1,4 +1,4 @@
-"""recipes/smollm2/self_instruct.py: instructions read from kept batches are the ones a single
+"""recipes/smollm2/make_data/self_instruct.py: instructions read from kept batches are the ones a single
 process picks, a run resumes from the batches kept, and a batch another process holds is left
 to it."""
 import argparse
@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "make_data"))
 from self_instruct import choose, from_kept_batches  # noqa: E402
 
 

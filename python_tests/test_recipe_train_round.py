@@ -1,4 +1,4 @@
-"""recipes/smollm2/train_round.py: what each round trains (chunks, stages, where each run starts)
+"""recipes/smollm2/train_drafters/train_round.py: what each round trains (chunks, stages, where each run starts)
 and what it ships, decided from the round's held-out measurements."""
 import copy
 import os
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "train_drafters"))
 from train_round import (DEFAULT_SETTINGS, amend_settings, conclude, data_sh_shards,  # noqa: E402
                          how_the_arms_ended, measured as measured_run, round_plan, run_config)
 

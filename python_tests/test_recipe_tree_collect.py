@@ -1,4 +1,4 @@
-"""recipes/smollm2/tree_collect.py on a made-up runs folder: tokens per pass of each rule, the
+"""recipes/smollm2/evaluate/tree_collect.py on a made-up runs folder: tokens per pass of each rule, the
 gain, the same-context column from the tree runs' branch-rule figures, the drafter digest the
 records carry, and the speed table from the timed runs."""
 import json
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COLLECT = os.path.join(ROOT, "recipes", "smollm2", "tree_collect.py")
+COLLECT = os.path.join(ROOT, "recipes", "smollm2", "evaluate", "tree_collect.py")
 
 
 def write_records(folder, accepted, *, expected, branch_rule=None, nodes=None, ar_wall_time=None, settings=None):
