@@ -23,10 +23,6 @@ except ImportError as exc:  # torch is deliberately not a build requirement
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 BUILD_JSON = os.path.join("csrc", "build.json")
-# What a CUDA build compiles for when neither TORCH_CUDA_ARCH_LIST nor a visible GPU says: A100
-# (8.0), A10 / RTX 30xx (8.6), L4 / L40S / RTX 40xx (8.9), H100 / H200 (9.0), B200 (10.0),
-# RTX 50xx (12.0), and 12.0's PTX, which the driver compiles for GPUs newer than all of these.
-DEFAULT_CUDA_ARCHS = "8.0;8.6;8.9;9.0;10.0;12.0+PTX"
 
 
 def want_cuda() -> bool:
@@ -64,6 +60,11 @@ def build_description() -> dict:
     """csrc/build.json: the sources and flags this build shares with CMakeLists.txt."""
     with open(os.path.join(ROOT, BUILD_JSON)) as f:
         return json.load(f)
+
+
+# What a CUDA build compiles for when neither TORCH_CUDA_ARCH_LIST nor a visible GPU says (8.0 to
+# 12.0 and 12.0's PTX; csrc/build.json's cuda_archs, which CMakeLists.txt reads too)
+DEFAULT_CUDA_ARCHS = ";".join(build_description()["cuda_archs"])
 
 
 def extension_arguments(with_cuda: bool) -> dict:

@@ -171,6 +171,9 @@ def test_cmake_takes_sources_and_flags_from_build_json():
         "CXX_FLAGS": ";".join(build["flags"]["cxx"]),
         "NVCC_FLAGS": ";".join(build["flags"]["nvcc"]),
         "LINK_FLAGS": ";".join(build["flags"]["link"]),
+        # 8.6 -> 86-real (machine code), 12.0+PTX -> 120 (machine code and PTX)
+        "DEFAULT_ARCHS": ";".join(a.replace(".", "").replace("+PTX", "") + ("" if a.endswith("+PTX") else "-real")
+                                  for a in build["cuda_archs"]),
     }
 
 
