@@ -12,7 +12,7 @@ pay, and for a K-branch drafter a small trie (a few more rows than one branch, m
 pass); bfloat16 pays only where the CPU computes it natively (AVX-512 BF16 or AMX).
 
 The per-drafter CPU values are measurements, not guesses: results/smollm2/README.md ("What makes
-a cycle cheaper on a CPU", `recipes/smollm2/demo_sweep.sh`). Measure again when the drafters
+a cycle cheaper on a CPU", `recipes/smollm2/measure/demo_sweep.sh`). Measure again when the drafters
 change. `dblast demo` and `dblast generate` apply them to the flags left at their defaults and say
 so on one line; Python users pass them to `SpeculativeDecoder` themselves:
 
@@ -41,7 +41,7 @@ class CpuFastest:
 # Measured with dblast demo on 2 cores, 2026-12-01 (block 8 + 8,192 ids: 0.87x against 0.57x for
 # block 16 + all ids), and again for the retrained block-8 drafters on 2026-12-04 (dblast-k4,
 # bfloat16: 1.31x; block 4, block 6 and 4,096 ids no faster). The verification rule and node budget:
-# recipes/smollm2/tree_budget.py on 16 held-out prompts, 2026-12-04 (round-9 drafters, T 1.0,
+# recipes/smollm2/measure/tree_budget.py on 16 held-out prompts, 2026-12-04 (round-9 drafters, T 1.0,
 # bfloat16, 4 extra leaves; tokens per second, the target alone 24-25): dblast-k4 branch 29.2, trie
 # of every node (28 rows) 27.4, of its 16 / 12 likeliest-reached nodes 30.5 / 30.2, of 10 / 8 / 6 / 4
 # 33.1 / 32.2 / 32.2 / 30.7 (a pass of up to 14 rows costs what a branch pass of 8 does here);

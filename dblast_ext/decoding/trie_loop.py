@@ -21,7 +21,7 @@ from .trie import add_alternative_leaves, build_trie, drafted_token_probs
 __all__ = ["TrieCycle", "generate_tree", "TREE_EXTRA_LEAVES"]
 
 # extra leaves per trie by default, chosen on held-out training prompts (not an evaluation set) with
-# the embedded dblast-k4 at T 1.0 (recipes/smollm2/extra_leaves.py): tokens per pass over the branch
+# the embedded dblast-k4 at T 1.0 (recipes/smollm2/measure/extra_leaves.py): tokens per pass over the branch
 # rule's +1.7% / +6.1% (math / chat) with none, +10.5% / +10.5% with 2, +21.4% / +13.8% with 4,
 # +20.5% / +15.9% with 8; each leaf is one more row in the target pass
 TREE_EXTRA_LEAVES = 4

@@ -1,7 +1,7 @@
 """The drafters shipped inside the package for the embedded default target (SmolLM2-135M-
 Instruct, `--target default`): `dflash-k1` (K = 1, NLL) and `dblast-k4` (K = 4, accepted-
 length surrogate), both block 16, bf16 safetensors in DFlash format, made by
-`recipes/smollm2/run.sh`. Wherever a drafter directory is expected, one of these names
+`recipes/smollm2/train_drafters/run.sh`. Wherever a drafter directory is expected, one of these names
 selects the embedded checkpoint (a local directory of the same name wins)."""
 import os
 from typing import Dict
