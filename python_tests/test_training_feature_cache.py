@@ -28,19 +28,25 @@ from dblast_ext.training.trainer import train  # noqa: E402
 from tiny_models import write_tiny_target_dir  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("features")
+def write_tiny_world(root, prompts: int, seed: int, longest_prompt: int, max_new_tokens: int):
+    """A tiny target with a peaked LM head under root/target and `prompts` responses of it in
+    root/train.jsonl: (target dir, data file)."""
     target_dir = write_tiny_target_dir(root / "target", logit_scale=10.0, eos_id=1)
-    rng = random.Random(3)
-    lines = [json.dumps({"prompt": " ".join(f"t{rng.randrange(3, 96)}" for _ in range(rng.randrange(2, 8)))})
-             for _ in range(20)]
+    rng = random.Random(seed)
+    words = lambda: " ".join(f"t{rng.randrange(3, 96)}" for _ in range(rng.randrange(2, longest_prompt)))  # noqa: E731
+    lines = [json.dumps({"prompt": words()}) for _ in range(prompts)]
     (root / "prompts.jsonl").write_text("\n".join(lines) + "\n")
     model, tokenizer = load_target(target_dir, device="cpu")
     generate_training_data(model, tokenizer, load_prompts(str(root / "prompts.jsonl")), str(root / "train.jsonl"),
-                           sampling=SamplingParams(0.7, 20, 0.8), max_new_tokens=20, batch_size=8, seed=0,
-                           progress=False)
-    return root, target_dir, str(root / "train.jsonl")
+                           sampling=SamplingParams(0.7, 20, 0.8), max_new_tokens=max_new_tokens, batch_size=8,
+                           seed=0, progress=False)
+    return target_dir, str(root / "train.jsonl")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("features")
+    return (root, *write_tiny_world(root, prompts=20, seed=3, longest_prompt=8, max_new_tokens=20))
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """`dblast train --config FILE`: trains a drafter (NLL or the accepted-length surrogate, from a
 DFlash/DBLast checkpoint or from scratch, optionally expanding its block), resuming from the
-newest checkpoint in the output directory. Flags override the config file's fields."""
+newest checkpoint in the output directory (or from --resume-from, e.g. a checkpoint copied from
+another machine). Flags override the config file's fields."""
 import sys
 
 from ..training.config import load_config
@@ -10,7 +11,9 @@ from .common import check_device
 # config field -> the flag that overrides it (each flag's dest is its field)
 OVERRIDE_FLAGS = {"out": "--out", "init_from": "--init-from", "block_size": "--block-size",
                   "new_position_weight": "--new-position-weight", "objective": "--objective",
-                  "num_branches": "--num-branches", "max_steps": "--max-steps", "device": "--device"}
+                  "num_branches": "--num-branches", "max_steps": "--max-steps", "device": "--device",
+                  "data": "--data", "shard_window": "--shard-window", "features": "--features",
+                  "feature_cache": "--feature-cache", "feature_cache_max_gb": "--feature-cache-max-gb"}
 
 
 def add_parser(subparsers) -> None:
@@ -31,6 +34,19 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps (else epochs)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the config's, else cuda when "
                                                   "available)")
+    p.add_argument("--data", default=None,
+                   help="training data: a data file, a folder of .jsonl / .jsonl.gz shards, or a quoted glob")
+    p.add_argument("--shard-window", type=int, default=None,
+                   help="shards in memory at once, and the span of the shuffle (default: all)")
+    p.add_argument("--features", choices=("auto", "online", "cached"), default=None,
+                   help="the target's features: online (a target forward per step, no disk), cached (computed "
+                        "once into --feature-cache), auto (online on CUDA, cached elsewhere when a cache is set)")
+    p.add_argument("--feature-cache", default=None, help="folder of the target-feature cache")
+    p.add_argument("--feature-cache-max-gb", type=float, default=None,
+                   help="bound on the feature cache's folder: least recently used shards are evicted")
+    p.add_argument("--resume-from", default=None,
+                   help="a checkpoint-NNNNNNN folder to resume from (e.g. copied from another machine); default: "
+                        "the newest checkpoint in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(resumable=True)  # main's message on Ctrl-C
 
@@ -39,7 +55,8 @@ def run(args) -> int:
     config = load_config(args.config, flag_names=OVERRIDE_FLAGS,
                          **{field: getattr(args, field) for field in OVERRIDE_FLAGS})
     check_device(config.device, "--device" if args.device is not None else "training config: device")
-    result = train(config, progress=not args.no_progress)
+    resume = {"resume_from": args.resume_from} if args.resume_from is not None else {}
+    result = train(config, progress=not args.no_progress, **resume)
     last = result["history"][-1] if result["history"] else None
     if last:
         print(f"trained {result['steps']} / {result['total_steps']} steps: loss {last['loss']:.4f}, "

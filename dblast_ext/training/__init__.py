@@ -1,4 +1,5 @@
-"""Drafter training: data generation, losses, the training mask and the trainer.
+"""Drafter training: data generation, sharded data, the feature cache (bounded or not), losses,
+the training mask, resuming and the trainer.
 
 May import: the package's face and shared vocabulary (the top-level modules), `target`,
 `drafting` and `decoding`; not `eval` (the two sit side by side).

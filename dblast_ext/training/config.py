@@ -2,9 +2,10 @@
 
     {
       "target": "path/to/target",            # local transformers causal LM
-      "data": "train.jsonl",                 # `dblast data generate` output (.jsonl or .jsonl.gz), or a
-                                             # list of such files (shards, read in order as one set)
-      "eval_data": "heldout.jsonl",          # optional (a file or a list): held-out loss at each checkpoint
+      "data": "train.jsonl",                 # `dblast data generate` output (.jsonl or .jsonl.gz), a list of
+                                             # such files, a folder of them or a glob (shards: one set)
+      "eval_data": "heldout.jsonl",          # optional (the same kinds): held-out loss at each checkpoint
+      "shard_window": null,                  # shards in memory at once, the shuffle's span (null: all)
       "out": "runs/dblast-k4",
       "init_from": "path/to/dflash",         # DFlash/DBLast checkpoint or an embedded drafter's name
                                              # (dblast-k4, dflash-k1); null = from scratch ("drafter")
@@ -28,6 +29,10 @@
       "recompute_logits": true,              # false: keep label logits for backward (faster, more memory)
       "device": null, "dtype": "auto",
       "feature_cache": "runs/features",      # optional: target features computed once per data file
+      "feature_cache_max_gb": null,          # bound on that folder (least recently used shards evicted)
+      "features": "auto",                    # online | cached | auto (online on CUDA, cached elsewhere
+                                             # when feature_cache is set)
+      "feature_scale_shards": null,          # feature_scaling's RMS over the first N shards (null: all)
       "autocast": "auto",                    # bfloat16 | off | auto (bfloat16 on CUDA, off on CPU)
       "dflash2": {"conv_kernel_size": 2, "conv_group_size": 16,   # optional: make a K = 1 init_from a
                   "selector_rank": 64, "selector_top_k": 16},     # DFlash2 drafter (identity convs, new
@@ -43,6 +48,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Dict, List, Optional, Union
 
 from .losses import AL_VARIANTS
+from .shards import is_pattern, resolve_data
 
 
 @dataclass
@@ -52,6 +58,7 @@ class TrainConfig:
     out: str
     init_from: Optional[str] = None
     eval_data: Union[str, List[str], None] = None
+    shard_window: Optional[int] = None
     drafter: dict = field(default_factory=dict)
     num_branches: Optional[int] = None
     block_size: Optional[int] = None
@@ -83,6 +90,9 @@ class TrainConfig:
     device: Optional[str] = None
     dtype: str = "auto"
     feature_cache: Optional[str] = None
+    feature_cache_max_gb: Optional[float] = None
+    features: str = "auto"
+    feature_scale_shards: Optional[int] = None
     autocast: str = "auto"
     dflash2: Optional[dict] = None
     selector_weight: float = 1.0
@@ -97,7 +107,8 @@ class TrainConfig:
 # compared as if it held this value.
 LEGACY_VALUES = {"distill_weight": 0.0, "feature_scaling": "none", "patience": None, "eval_at_start": False,
                  "select_by": "loss", "dflash2": None, "selector_weight": 1.0, "freeze_backbone": False,
-                 "selector_only": False}
+                 "selector_only": False, "shard_window": None, "feature_scale_shards": None,
+                 "feature_cache_max_gb": None, "features": "auto"}
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 # The held-out measures that can pick the best checkpoint (`select_by`), and whether higher is
 # better: the loss for the NLL objectives; the accepted-length proxy for the surrogate, whose
@@ -105,6 +116,7 @@ DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selec
 # drafter can show a higher loss.
 SELECTION_MEASURES = {"loss": False, "accepted_proxy": True}
 FEATURE_SCALINGS = ("rms", "none")
+FEATURE_SOURCES = ("auto", "online", "cached")
 
 
 def _positive(name, value):
@@ -127,29 +139,48 @@ def _check_decay(decay) -> None:
                          f"gamma = -1/ln(r)")
 
 
-def data_paths(value: Union[str, List[str], None]) -> List[str]:
-    """The files of a `data` / `eval_data` field: one path, or a list of them (none for None)."""
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else list(value)
+def data_paths(value: Union[str, List[str], None], key: str = "data") -> List[str]:
+    """The files of a `data` / `eval_data` field: one file, a folder's or a glob's files (sorted),
+    or a list of files (none for None)."""
+    return resolve_data(value, key)
 
 
 def _check_data_field(key: str, value) -> None:
-    """A path or a non-empty list of distinct paths, each an existing file."""
+    """A file, a folder or glob of data files, or a non-empty list of distinct existing files."""
     if isinstance(value, list):
         if not value or not all(isinstance(p, str) and p for p in value):
-            raise ValueError(f"training config: {key} must be a file path or a non-empty list of file paths, "
-                             f"got {value!r}")
+            raise ValueError(f"training config: {key} must be a data file, folder or glob, or a non-empty "
+                             f"list of file paths, got {value!r}")
         repeated = sorted({p for p in value if value.count(p) > 1})
         if repeated:
             raise ValueError(f"training config: {key} lists {repeated[0]!r} more than once")
     elif not isinstance(value, str) or not value:
-        raise ValueError(f"training config: {key} must be a file path or a non-empty list of file paths, "
-                         f"got {value!r}")
-    for path in data_paths(value):
+        raise ValueError(f"training config: {key} must be a data file, folder or glob, or a non-empty "
+                         f"list of file paths, got {value!r}")
+    elif os.path.isdir(value) or is_pattern(value):
+        data_paths(value, key)   # a folder or glob that holds no data file is an error naming it
+        return
+    for path in data_paths(value, key):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"training config: {key} file {path!r} does not exist "
                                     "(make it with `dblast data generate`)")
+
+
+def _check_features(c: TrainConfig, name) -> None:
+    """shard_window, feature_scale_shards, features and feature_cache_max_gb."""
+    for key in ("shard_window", "feature_scale_shards"):
+        if getattr(c, key) is not None:
+            _positive(name(key), getattr(c, key))
+    if c.features not in FEATURE_SOURCES:
+        raise ValueError(f"{name('features')} must be one of {FEATURE_SOURCES}, got {c.features!r}")
+    if c.features == "cached" and not c.feature_cache:
+        raise ValueError(f"{name('features')} 'cached' needs feature_cache (the folder to keep them in)")
+    if c.feature_cache_max_gb is not None:
+        if not _is_number(c.feature_cache_max_gb) or not c.feature_cache_max_gb > 0:
+            raise ValueError(f"{name('feature_cache_max_gb')} must be a number > 0 (gigabytes), "
+                             f"got {c.feature_cache_max_gb!r}")
+        if not c.feature_cache:
+            raise ValueError(f"{name('feature_cache_max_gb')} bounds the feature cache: it needs feature_cache")
 
 
 def validate(c: TrainConfig, flags: Optional[Dict[str, str]] = None) -> TrainConfig:
@@ -197,6 +228,7 @@ def validate(c: TrainConfig, flags: Optional[Dict[str, str]] = None) -> TrainCon
     if c.distill_weight > 0 and c.objective != "nll":
         raise ValueError(f"training config: distill_weight {c.distill_weight} applies to the nll objective only "
                          f"({name('objective')} is {c.objective!r}); set distill_weight to 0")
+    _check_features(c, name)
     if c.feature_scaling not in FEATURE_SCALINGS:
         raise ValueError(f"training config: feature_scaling must be one of {FEATURE_SCALINGS}, "
                          f"got {c.feature_scaling!r}")

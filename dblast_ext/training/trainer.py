@@ -1,17 +1,17 @@
-"""The drafter trainer (online mode): the frozen target makes each batch's context features in
-inference mode, the drafter trains on `num_anchors` blocks per sequence.
+"""The drafter trainer: the frozen target gives each batch's context features (online, in
+inference mode, or from the feature cache: `features`), the drafter trains on `num_anchors`
+blocks per sequence. The data is a set of shards streamed a window at a time (`shards.py`).
 
 Everything a step uses is a function of (seed, step): the data order (a seeded permutation
-per epoch) and the anchors (a generator seeded per micro-batch), so a run resumed from a
-checkpoint (drafter weights + optimizer + scheduler) continues exactly as if it had never
-stopped. Checkpoints are DFlash-compatible drafter directories (`load_drafter` reads them;
-a feature scale is folded into `fc`) with the trainer state beside the weights, which holds
-the drafter as trained (unfolded) for the resume. Under `torchrun`, every process takes its own
+per epoch, within windows of shards) and the anchors (a generator seeded per micro-batch), so
+a run resumed from a checkpoint (drafter weights + optimizer + scheduler; `resume.py`)
+continues exactly as if it had never stopped, on this machine or another. Checkpoints are
+DFlash-compatible drafter directories (`load_drafter` reads them; a feature scale is folded
+into `fc`) with the trainer state beside the weights, which holds the drafter as trained
+(unfolded) for the resume. Under `torchrun`, every process takes its own
 share of each step's batch and gradients are averaged across processes before the update.
 """
 import functools
-import glob
-import hashlib
 import json
 import math
 import os
@@ -19,7 +19,6 @@ import re
 import shutil
 import sys
 import time
-import zlib
 from typing import Dict, List, Optional
 
 import torch
@@ -34,15 +33,17 @@ from ..progress import progress_bar
 from ..target.loading import default_device, load_target
 from .config import LEGACY_VALUES, SELECTION_MEASURES, TrainConfig, data_paths
 from .data import read_training_data
-from .feature_cache import FeatureCache, file_digest, open_feature_caches, response_feature_stats, rms_feature_scale
+from .feature_cache import FeatureCache, open_feature_caches, response_feature_stats, rms_feature_scale
 from .losses import decay_weights, flat_step_weights
 from .objective import batch_loss, collate
+from .resume import (STATE_FILE, check_resume_from, latest_checkpoint, restore_rng_states, resume_state,
+                     rng_states, run_identity, trim_logs)
+from .shard_cache import GB, ShardFeatureCaches
+from .shards import ShardedData, seed_of
 
 # a DFlash2 drafter's own parts, the ones freeze_backbone trains, and the selector (selector_only)
 DFLASH2_PART = re.compile(r"(^|\.)(attention_conv|mlp_conv|candidate_selector)\.")
 SELECTOR_PART = re.compile(r"(^|\.)candidate_selector\.")
-
-STATE_FILE = "trainer_state.pt"
 
 
 def default_target_layers(num_target_layers: int, num_draft_layers: int) -> List[int]:
@@ -53,8 +54,7 @@ def default_target_layers(num_target_layers: int, num_draft_layers: int) -> List
     return [round(first + i * (last - first) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
-def _seed(*parts) -> int:
-    return zlib.crc32("/".join(str(p) for p in parts).encode())
+_seed = seed_of
 
 
 def target_rope_theta(target_config) -> float:
@@ -123,36 +123,26 @@ def position_weights(config: TrainConfig, num_draft: int, trained_block: Optiona
     return None if torch.all(weights == 1) else weights
 
 
-def data_digest(paths: List[str]) -> str:
-    """sha256 of the training data: the file's bytes for one file; for a list, of its files'
-    digests in order (so a run resumes only on the same shards in the same order)."""
-    digests = [file_digest(p) for p in paths]
-    return digests[0] if len(digests) == 1 else hashlib.sha256("\n".join(digests).encode()).hexdigest()
-
-
-def feature_scale(config: TrainConfig, records: List[dict], target: TargetAdapter, cache: Optional[FeatureCache],
-                  progress: bool) -> Optional[torch.Tensor]:
-    """The per-channel scale of the target features (`feature_scaling`), from the training
-    data's response tokens: the cache's statistics, else one target pass over the data."""
+def feature_scale(config: TrainConfig, data: ShardedData, target: TargetAdapter,
+                  cache: Optional[ShardFeatureCaches], progress: bool) -> Optional[torch.Tensor]:
+    """The per-channel scale of the target features (`feature_scaling`), from the response
+    tokens of the training data's first `feature_scale_shards` shards (all by default): the
+    cache's statistics, else one target pass over them, a shard at a time."""
     if config.feature_scaling == "none":
         return None
-    stats = cache.response_feature_stats() if cache else response_feature_stats(records, target, progress=progress)
-    return rms_feature_scale(*stats)
-
-
-# Fields that only choose among the checkpoints (which is best, when to stop), not what is
-# trained: a resumed run may change them, and its plateau is then replayed from eval_log.jsonl.
-RESELECTABLE = ("select_by",)
-
-
-def config_changes(saved: Dict, config: TrainConfig) -> List[str]:
-    """The fields in which a checkpoint's config differs from this run's, RESELECTABLE ones
-    aside; a field the saved config predates counts as its LEGACY_VALUES value."""
-    now = config.to_json()
-    before = {key: saved.get(key, LEGACY_VALUES.get(key)) for key in now}
-    return [f"{key} {before[key]!r} -> {now[key]!r}" for key in now
-            if before[key] != now[key] and key not in RESELECTABLE] + \
-        [f"{key} (gone)" for key in saved if key not in now]
+    shards = range(min(len(data.paths), config.feature_scale_shards or len(data.paths)))
+    if cache is not None:
+        return rms_feature_scale(*cache.response_feature_stats(shards))
+    if len(shards) == 1:
+        return rms_feature_scale(*response_feature_stats(data.shard_records(0), target, progress=progress))
+    bar = progress_bar(len(shards), desc="feature statistics", unit="shard", enabled=progress)
+    total, count = None, 0
+    for shard in shards:
+        part_sum, part_count = response_feature_stats(data.shard_records(shard), target, progress=False)
+        total, count = (part_sum if total is None else total + part_sum), count + part_count
+        bar.update(1)
+    bar.close()
+    return rms_feature_scale(total, count)
 
 
 def resumed_plateau(config: TrainConfig, state: Optional[Dict]) -> "Plateau":
@@ -168,45 +158,12 @@ def resumed_plateau(config: TrainConfig, state: Optional[Dict]) -> "Plateau":
     return plateau
 
 
-def trim_logs(out: str, step: int) -> None:
-    """Drops the log entries past `step`, the checkpoint a run resumes from: a run stopped
-    between checkpoints has logged steps it will train again (and may have cut its last line
-    short, which is dropped too)."""
-    for name in ("train_log.jsonl", "eval_log.jsonl"):
-        path = os.path.join(out, name)
-        if os.path.isfile(path):
-            kept = [entry for _, entry in read_jsonl(path, name, live=True) if entry["step"] <= step]
-            with open(path, "w") as f:
-                f.writelines(json.dumps(entry) + "\n" for entry in kept)
-
-
-def resume_state(checkpoint: str, config: TrainConfig, identity: Dict, device) -> Dict:
-    """The trainer state of `checkpoint`, when it was made by this very run (config, data,
-    world size); an error naming what differs otherwise."""
-    state = torch.load(os.path.join(checkpoint, STATE_FILE), map_location=device, weights_only=False)
-    differences = config_changes(state["config"], config)
-    if differences:
-        raise ValueError(f"{config.out} holds a run with another config ({'; '.join(differences)}); "
-                         "use another out directory")
-    changed = [k for k, v in identity.items() if k in state and state[k] != v]
-    if changed:
-        raise ValueError(f"{config.out} holds a run made with another {' and '.join(changed)} "
-                         f"({', '.join(f'{k} {state[k]} -> {identity[k]}' for k in changed)}); "
-                         "use another out directory")
-    return state
-
-
 def lr_factor(step: int, total: int, warmup: int) -> float:
     """Linear warm-up, then cosine decay to zero."""
     if step < warmup:
         return (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def latest_checkpoint(out: str) -> Optional[str]:
-    found = sorted(glob.glob(os.path.join(out, "checkpoint-*", STATE_FILE)))
-    return os.path.dirname(found[-1]) if found else None
 
 
 class _Distributed:
@@ -288,20 +245,11 @@ def training_autocast(config: TrainConfig, device: str):
     return torch.autocast(device.split(":")[0], dtype=dtype)
 
 
-@functools.lru_cache(maxsize=4)
-def _epoch_order(count: int, seed: int, epoch: int) -> torch.Tensor:
-    return torch.randperm(count, generator=torch.Generator().manual_seed(_seed(seed, "epoch", epoch)))
-
-
-def _batch_indices(count: int, step: int, micro: int, config: TrainConfig, rank: int, world: int) -> List[int]:
-    """Record indices of one micro-batch: a seeded permutation per epoch, read in order."""
+def _batch_positions(step: int, micro: int, config: TrainConfig, rank: int, world: int) -> range:
+    """The data stream positions of one micro-batch (`ShardedData.index_at` gives their records)."""
     per_step = config.batch_size * config.grad_accum * world
     start = step * per_step + (micro * world + rank) * config.batch_size
-    indices = []
-    for position in range(start, start + config.batch_size):
-        epoch, offset = divmod(position, count)
-        indices.append(int(_epoch_order(count, config.seed, epoch)[offset]))
-    return indices
+    return range(start, start + config.batch_size)
 
 
 def _config_loss(drafter, target, batch, config: TrainConfig, weights, generator, cache: Optional[FeatureCache],
@@ -377,22 +325,51 @@ class Plateau:
                 "select_by": self.select_by}
 
 
-def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[int] = None) -> Dict:
+def train(config: TrainConfig, *, progress: bool = True, stop_at_step: Optional[int] = None,
+          resume_from: Optional[str] = None) -> Dict:
     """Trains (or resumes training of) a drafter; returns the run's summary. `stop_at_step`
-    ends the run early after that step's checkpoint, as an interruption would."""
+    ends the run early after that step's checkpoint, as an interruption would. A run resumes
+    from the newest checkpoint in `config.out`, or from `resume_from` (a checkpoint folder,
+    e.g. one copied from another machine)."""
     device = config.device or default_device()
+    if resume_from is not None:
+        check_resume_from(resume_from, config.out)
     parallel = _Distributed(device)
     finished = False
     try:
-        summary = _train(config, device, parallel, progress, stop_at_step)
+        summary = _train(config, device, parallel, progress, stop_at_step, resume_from)
         finished = True
         return summary
     finally:
         parallel.close(finished)
 
 
+def uses_feature_cache(config: TrainConfig, device: str) -> bool:
+    """Whether the run reads the target's features from the cache (`features`): `auto` computes
+    them online on CUDA, where a target forward is cheap beside the disk a cache would take,
+    and reads the cache elsewhere when `feature_cache` names one."""
+    if config.features == "auto":
+        return bool(config.feature_cache) and not device.startswith("cuda")
+    return config.features == "cached"
+
+
+def open_caches(config: TrainConfig, data: ShardedData, eval_files, target, progress: bool):
+    """(the training shards' caches, the held-out set's cache or None). The held-out cache comes
+    first and is never evicted; without a bound, every shard's cache is built up front (a run
+    of no steps then prepares them), with one, a window's at a time as training reaches it."""
+    eval_cache = (open_feature_caches(config.feature_cache, eval_files, config.target, target, progress=progress)
+                  if eval_files else None)
+    pinned = [] if eval_cache is None else [p.path for p in getattr(eval_cache, "parts", [eval_cache])]
+    max_bytes = None if config.feature_cache_max_gb is None else int(config.feature_cache_max_gb * GB)
+    cache = ShardFeatureCaches(config.feature_cache, data, config.target, target, max_bytes=max_bytes,
+                               pinned=pinned, progress=progress)
+    if max_bytes is None:
+        cache.ensure(range(len(data.paths)))
+    return cache, eval_cache
+
+
 def _train(config: TrainConfig, device: str, parallel: _Distributed, progress: bool,
-           stop_at_step: Optional[int]) -> Dict:
+           stop_at_step: Optional[int], resume_from: Optional[str]) -> Dict:
     if parallel.world > 1 and device.startswith("cuda"):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     os.makedirs(config.out, exist_ok=True)
@@ -401,16 +378,13 @@ def _train(config: TrainConfig, device: str, parallel: _Distributed, progress: b
     drafter, trained_block = build_drafter(config, target_model)
     drafter = drafter.to(device).float().train()
     target = TargetAdapter(target_model, drafter.config.target_layer_ids)
-    train_files = [(path, read_training_data(path)) for path in data_paths(config.data)]
-    eval_files = [(path, read_training_data(path)) for path in data_paths(config.eval_data)]
-    records = [r for _, file_records in train_files for r in file_records]
+    train_paths, eval_paths = data_paths(config.data, "data"), data_paths(config.eval_data, "eval_data")
+    data = ShardedData(train_paths, config.seed, config.shard_window)
+    eval_files = [(path, read_training_data(path)) for path in eval_paths]
     eval_records = [r for _, file_records in eval_files for r in file_records] or None
     cache = eval_cache = None
-    if config.feature_cache:
-        build = dict(progress=progress and parallel.rank == 0)
-        cache = open_feature_caches(config.feature_cache, train_files, config.target, target, **build)
-        if eval_records:
-            eval_cache = open_feature_caches(config.feature_cache, eval_files, config.target, target, **build)
+    if uses_feature_cache(config, device):
+        cache, eval_cache = open_caches(config, data, eval_files, target, progress and parallel.rank == 0)
     weights = position_weights(config, drafter.config.block_size - 1, trained_block)
     if (trained_block is not None and drafter.config.block_size > trained_block and config.new_position_weight == 1.0
             and parallel.rank == 0):
@@ -421,15 +395,15 @@ def _train(config: TrainConfig, device: str, parallel: _Distributed, progress: b
         weights = weights.to(device)
     per_step = config.batch_size * config.grad_accum * parallel.world
     total = (config.max_steps if config.max_steps is not None
-             else config.epochs * math.ceil(len(records) / per_step))
+             else config.epochs * math.ceil(len(data) / per_step))
     warmup = int(config.warmup_ratio * total)
     # the data order and anchors follow from the records and the world size as well as the config
-    identity = {"data_sha256": data_digest(data_paths(config.data)), "world_size": parallel.world}
-    resume_from = latest_checkpoint(config.out)
+    identity = run_identity(config, train_paths, eval_paths, parallel.world)
+    resume_from = resume_from or latest_checkpoint(config.out)
     state = resume_state(resume_from, config, identity, device) if resume_from else None
     # the scale goes in before the optimizer sees fc; a resumed run reads it back, not recomputed
     scale = (state.get("feature_scale") if state else
-             feature_scale(config, records, target, cache, progress and parallel.rank == 0))
+             feature_scale(config, data, target, cache, progress and parallel.rank == 0))
     if scale is not None:
         set_feature_scale(drafter, scale.to(device), keep_function=trained_block is not None)
     if config.freeze_backbone or config.selector_only:
@@ -449,6 +423,7 @@ def _train(config: TrainConfig, device: str, parallel: _Distributed, progress: b
                                 load_file(os.path.join(resume_from, "model.safetensors"), device=str(device)))
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        restore_rng_states(state.get("rng"), device)
         start = state["step"]
         if parallel.rank == 0:
             trim_logs(config.out, start)
@@ -470,8 +445,11 @@ def _train(config: TrainConfig, device: str, parallel: _Distributed, progress: b
         loss_sum = proxy_sum = 0.0
         blocks = 0  # this rank's blocks this step: the loss is a mean over blocks, backpropagated as a sum
         for micro in range(config.grad_accum):
-            indices = _batch_indices(len(records), step, micro, config, parallel.rank, parallel.world)
-            batch = collate([records[i] for i in indices], device)
+            positions = _batch_positions(step, micro, config, parallel.rank, parallel.world)
+            indices = [data.index_at(p) for p in positions]
+            if cache is not None:   # the caches of the window(s) the batch reads, built if missing
+                cache.ensure(sorted({s for p in positions for s in data.window_shards(p)}))
+            batch = collate(data.records(indices), device)
             with autocast:
                 out = _config_loss(drafter, target, batch, config, weights, torch.Generator().manual_seed(
                     _seed(config.seed, step, micro * parallel.world + parallel.rank)), cache, indices)
@@ -490,7 +468,8 @@ def _train(config: TrainConfig, device: str, parallel: _Distributed, progress: b
                  "lr": lr, "seconds": time.perf_counter() - started}
         history.append(entry)
         bar.update(1)
-        bar.set_postfix(loss=f"{loss_sum:.3f}", accept=f"{proxy_sum:.2f}", lr=f"{entry['lr']:.1e}")
+        bar.set_postfix(loss=f"{loss_sum:.3f}", accept=f"{proxy_sum:.2f}", lr=f"{entry['lr']:.1e}",
+                        epoch=f"{(step + 1) * per_step / len(data):.2f}")
         last = step + 1 == total or (stop_at_step is not None and step + 1 == stop_at_step)
         if parallel.rank == 0 and ((step + 1) % config.log_every == 0 or last):
             with open(log_path, "a") as f:
@@ -500,7 +479,9 @@ def _train(config: TrainConfig, device: str, parallel: _Distributed, progress: b
                 held_out = (evaluate(drafter, target, eval_records, config, weights, device, eval_cache)
                             if eval_records else None)
                 plateau.update(step + 1, held_out)
-                save_checkpoint(drafter, optimizer, scheduler, config, step + 1, held_out, identity, plateau)
+                save_checkpoint(drafter, optimizer, scheduler, config, step + 1, held_out, identity, plateau,
+                                extra={"data_position": data.position_info((step + 1) * per_step),
+                                       "rng": rng_states(device)})
             parallel.barrier()
             if parallel.world > 1:  # every rank stops at the same step
                 plateau.stale = int(_broadcast(plateau.stale, device))
@@ -524,7 +505,8 @@ def _train(config: TrainConfig, device: str, parallel: _Distributed, progress: b
             save_pretrained(drafter, final)
     return {"steps": finished, "total_steps": total, "history": history,
             "final": os.path.join(config.out, "final") if done else None, "stopped_early": plateau.reached,
-            "best_step": plateau.best_step, "initial_held_out": initial}
+            "best_step": plateau.best_step, "initial_held_out": initial,
+            "feature_cache": cache.stats() if cache is not None else None}
 
 
 def _broadcast(value: int, device) -> int:
@@ -543,10 +525,11 @@ def copy_checkpoint(checkpoint: str, out: str) -> None:
 
 
 def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out, identity: Dict,
-                    plateau: Optional[Plateau] = None) -> str:
-    """`identity`: what else a resume must match (the data file's digest, the world size).
+                    plateau: Optional[Plateau] = None, extra: Optional[Dict] = None) -> str:
+    """`identity`: what else a resume must match (the data by content, the world size, ...).
     model.safetensors is the drafter to use (fc folded); the state file keeps the drafter as
-    trained and its feature scale, which a resume continues from bit for bit."""
+    trained and its feature scale, which a resume continues from bit for bit; `extra`: more
+    of the run's state (the data position, the RNG states)."""
     path = os.path.join(config.out, f"checkpoint-{step:07d}")
     save_pretrained(drafter, path)
     # the state file marks a complete checkpoint (latest_checkpoint looks for it): written whole or not at all
@@ -555,7 +538,7 @@ def save_checkpoint(drafter, optimizer, scheduler, config, step, held_out, ident
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "drafter": drafter.state_dict(), "feature_scale": None if scale is None else scale.detach().cpu(),
                 "config": config.to_json(), "held_out": held_out,
-                "plateau": plateau.to_json() if plateau else None, **identity}, partial)
+                "plateau": plateau.to_json() if plateau else None, **identity, **(extra or {})}, partial)
     os.replace(partial, os.path.join(path, STATE_FILE))
     if held_out is not None:
         append_eval_log(config.out, step, held_out)
