@@ -66,9 +66,7 @@ def main() -> int:
                         help="branch nodes per trie (default: the CPU fastest settings' budget; 0: every node)")
     args = parser.parse_args()
 
-    from dblast_ext.decoding import decoder as decoding
-
-    from dblast_ext.decoding import trie
+    from dblast_ext.decoding import trie, trie_loop
     from dblast_ext.prompts import DEMO_PROMPTS
     from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder
     from dblast_ext.target.loading import stop_token_ids
@@ -87,8 +85,8 @@ def main() -> int:
     # shared by both decoders: wrapped once
     clock.hook_module(target.lm_head, "target LM head (in the forwards)")
     clock.wrap(drafter, "forward", "propose: drafter layers")
-    clock.wrap(decoding, "build_trie", "trie: build")
-    clock.wrap(decoding, "add_alternative_leaves", "trie: extra leaves")
+    clock.wrap(trie_loop, "build_trie", "trie: build")
+    clock.wrap(trie_loop, "add_alternative_leaves", "trie: extra leaves")
     clock.wrap(trie.DraftTrie, "attention_mask", "trie: attention mask")
     clock.wrap(trie.DraftTrie, "walk", "trie: walk")
     for verify in args.verify:
@@ -102,10 +100,10 @@ def main() -> int:
         clock.wrap(adapter, "forward", lambda *a, last_logits_only=False, **k:
                    "target prefill (once per prompt)" if last_logits_only else "target forward (branch rule)")
         clock.wrap(adapter, "forward_tree", "target forward (trie)")
-        # _sample also draws each prompt's first token, after the prefill (no query tokens there)
-        clock.wrap(decoder, "_sample", lambda logits, uniforms, query_tokens, *a, **k:
+        # sample also draws each prompt's first token, after the prefill (no query tokens there)
+        clock.wrap(decoder.chain_cycle, "sample", lambda logits, uniforms, query_tokens, *a, **k:
                    "first token after the prefill" if query_tokens is None else "trie: sample every node")
-        clock.wrap(decoder, "_verify", "branch rule: verify op")
+        clock.wrap(decoder.chain_cycle, "verify", "branch rule: verify op")
         clock.wrap(adapter, "keep_rows", "trie: keep the walked rows")
         clock.wrap(adapter, "crop", "branch rule: crop the cache")
         decoder.warm_up(prompts[0], sampling, target_only=True, stop_token_ids=stops)
