@@ -61,7 +61,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    from dblast_ext.cli.demo import DEMO_PROMPTS
+    from dblast_ext.prompts import DEMO_PROMPTS
     from dblast_ext.decoding.decoder import SamplingParams, SpeculativeDecoder
     from dblast_ext.target.loading import stop_token_ids
 
