@@ -14,7 +14,7 @@ import platform
 import sys
 import time
 
-from dblast_ext.cli.demo import DEMO_PROMPTS
+from dblast_ext.prompts import DEMO_PROMPTS
 from dblast_ext.target.default import default_target_dir
 from dblast_ext.drafting.embedded_drafters import embedded_drafter_dir
 from dblast_ext.foreign_load import machine_busy_seconds
