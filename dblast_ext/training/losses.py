@@ -269,13 +269,21 @@ def gather_branch_logprobs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, l
 
 
 @torch.no_grad()
+def accepted_length_per_block(prior_logits: torch.Tensor, branch_token_logprobs: torch.Tensor,
+                              target_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Eq 14's estimate of each block: sum_l r_l prod_{j<=l} A_j = sum_l prod_{j<=l} min(1, q_j / p_j)
+    over its valid positions, [blocks] (what a paired comparison of two drafters on the same
+    held-out anchors needs)."""
+    _, lq_cond = _mixture_logprobs(prior_logits, branch_token_logprobs)
+    log_overlap = torch.clamp(lq_cond - target_logprobs.to(lq_cond.dtype), max=0.0)  # log min(1, q_j / p_j)
+    survive = torch.exp(torch.cumsum(log_overlap, -1)) * valid_positions(mask).to(lq_cond.dtype)
+    return survive.sum(-1)
+
+
 def accepted_length_proxy(prior_logits: torch.Tensor, branch_token_logprobs: torch.Tensor,
                           target_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """A cheap acceptance estimate for progress bars, from target-sampled blocks: Eq 14's
     sum_l r_l prod_{j<=l} A_j = sum_l prod_{j<=l} min(1, q_j / p_j), which is unbiased for the
     expected accepted length of the soft-mixture proposal (drafts sampled from q) over the
-    valid positions; mean over blocks."""
-    _, lq_cond = _mixture_logprobs(prior_logits, branch_token_logprobs)
-    log_overlap = torch.clamp(lq_cond - target_logprobs.to(lq_cond.dtype), max=0.0)  # log min(1, q_j / p_j)
-    survive = torch.exp(torch.cumsum(log_overlap, -1)) * valid_positions(mask).to(lq_cond.dtype)
-    return survive.sum(-1).mean()
+    valid positions; mean over blocks (`accepted_length_per_block`)."""
+    return accepted_length_per_block(prior_logits, branch_token_logprobs, target_logprobs, mask).mean()

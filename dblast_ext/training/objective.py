@@ -11,7 +11,7 @@ from ..drafting.drafter import DBlastDrafter
 from .block_forward import block_inputs, drafter_block_hidden
 from .feature_cache import TOP_K, target_pass
 from .selector_loss import selector_loss
-from .losses import accepted_length_proxy, accepted_length_surrogate, distillation_loss, gather_branch_logprobs, \
+from .losses import accepted_length_per_block, accepted_length_surrogate, distillation_loss, gather_branch_logprobs, \
     nll_independent, nll_mixture
 
 
@@ -126,7 +126,8 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
                position_weights: Optional[torch.Tensor] = None, chunk_size: int = 1024,
                features: Optional[torch.Tensor] = None, recompute_logits: bool = True, distill_weight: float = 0.0,
                teacher: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-               agreement: bool = False, selector_weight: float = 1.0) -> Dict[str, torch.Tensor]:
+               agreement: bool = False, selector_weight: float = 1.0, per_block: bool = False) \
+        -> Dict[str, torch.Tensor]:
     """{"loss", "accepted_proxy", "blocks"} of one batch. `features` (the target's context
     features) and `teacher` (its top-k ids and log-probs [N, T, k], `FeatureCache.batch_topk`)
     may be passed in when computed already. With `distill_weight` w > 0 (objective nll only)
@@ -134,7 +135,11 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
     "agreement_hits" and "agreement_positions" [b]: per block position, how often the greedy
     draft (`greedy_drafts`) is the target's most likely token (teacher-forced on the data). A
     DFlash2 drafter's loss adds `selector_weight` times its selector's cross-entropy
-    (training/selector_loss.py), reported on its own as "selector_loss"."""
+    (training/selector_loss.py), reported on its own as "selector_loss". With `per_block`, also
+    each block's own acceptance estimate, in the order of the batch's rows and their sorted
+    anchors: "block_rows" and "block_anchors" (which sequence, which anchor position) and
+    "block_proxy" (`accepted_length_per_block`), so that two drafters measured on the same
+    anchors can be compared block by block."""
     if distill_weight and objective != "nll":
         raise ValueError(f"distill_weight applies to the nll objective only, got objective {objective!r}")
     need_teacher = (distill_weight > 0 or agreement) and teacher is None
@@ -167,8 +172,10 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
     if not bool(keep.any()):  # no response long enough for a block in this batch: a zero loss, still a graph
         zero = hidden.sum() * 0.0
         none = torch.zeros(block - 1, dtype=torch.long)
+        empty = torch.zeros(0, dtype=torch.long)
         return {"loss": zero, "accepted_proxy": torch.tensor(0.0), "blocks": torch.tensor(0),
-                **({"agreement_hits": none, "agreement_positions": none} if agreement else {})}
+                **({"agreement_hits": none, "agreement_positions": none} if agreement else {}),
+                **({"block_rows": empty, "block_anchors": empty, "block_proxy": torch.zeros(0)} if per_block else {})}
     counts = {}
     selector = getattr(drafter, "candidate_selector", None)
     previous = at_draft_positions(batch.input_ids, anchors, block, shift=0)[keep]   # the token before each
@@ -196,5 +203,9 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
                                target.lm_head_weight.detach(), target.vocab_size, position_weights, chunk_size)
         counts["selector_loss"] = chosen.detach()
         loss = loss + selector_weight * chosen
-    proxy = accepted_length_proxy(prior_logits, branch_lp, target_lp, mask)
-    return {"loss": loss, "accepted_proxy": proxy, "blocks": torch.tensor(int(keep.sum())), **counts}
+    blocks_proxy = accepted_length_per_block(prior_logits, branch_lp, target_lp, mask)
+    if per_block:
+        rows_of = torch.arange(rows, device=anchors.device)[:, None].expand(rows, blocks)
+        counts.update(block_rows=rows_of[keep].cpu(), block_anchors=anchors[keep].cpu(),
+                      block_proxy=blocks_proxy.detach().float().cpu())
+    return {"loss": loss, "accepted_proxy": blocks_proxy.mean(), "blocks": torch.tensor(int(keep.sum())), **counts}

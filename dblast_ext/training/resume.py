@@ -137,7 +137,7 @@ def trim_logs(out: str, step: int) -> None:
     """Drops the log entries past `step`, the checkpoint a run resumes from: a run stopped
     between checkpoints has logged steps it will train again (and may have cut its last line
     short, which is dropped too)."""
-    for name in ("train_log.jsonl", "eval_log.jsonl"):
+    for name in ("train_log.jsonl", "eval_log.jsonl", "eval_anchors.jsonl"):
         path = os.path.join(out, name)
         if os.path.isfile(path):
             kept = [entry for _, entry in read_jsonl(path, name, live=True) if entry["step"] <= step]

@@ -253,7 +253,7 @@ def _batch_positions(step: int, micro: int, config: TrainConfig, rank: int, worl
 
 
 def _config_loss(drafter, target, batch, config: TrainConfig, weights, generator, cache: Optional[FeatureCache],
-                 indices: List[int], agreement: bool = False):
+                 indices: List[int], agreement: bool = False, per_block: bool = False):
     """batch_loss with the run's objective settings (training steps and held-out evaluation
     alike), on the cache's target outputs when there is one."""
     length = batch.input_ids.shape[1]
@@ -264,23 +264,36 @@ def _config_loss(drafter, target, batch, config: TrainConfig, weights, generator
                       generator=generator, tau=config.tau, al_variant=config.al_variant, position_weights=weights,
                       chunk_size=config.chunk_size, features=features, recompute_logits=config.recompute_logits,
                       distill_weight=config.distill_weight, teacher=teacher, agreement=agreement,
-                      selector_weight=config.selector_weight)
+                      selector_weight=config.selector_weight, per_block=per_block)
 
 
-def evaluate(drafter, target, records, config, weights, device, cache: Optional[FeatureCache] = None) \
-        -> Dict[str, float]:
+ANCHOR_LOG = "eval_anchors.jsonl"
+
+
+def evaluate(drafter, target, records, config, weights, device, cache: Optional[FeatureCache] = None,
+             anchors: Optional[Dict[str, list]] = None) -> Dict[str, float]:
     """Mean loss and acceptance proxy over held-out records (fixed anchors), and per block
-    position the top-1 agreement: how often the greedy draft is the target's most likely token."""
+    position the top-1 agreement: how often the greedy draft is the target's most likely token.
+    `anchors` (a dict) receives every held-out block's own acceptance estimate: "record" (its
+    record's index), "anchor" (its anchor position), "accepted_proxy", lists in the same order.
+    The anchors follow from the records, `seed`, `num_anchors` and `batch_size` alone, so runs
+    that share those are measured on the same blocks, pair by pair."""
     totals, blocks = {"loss": 0.0, "accepted_proxy": 0.0}, 0
     hits = positions = 0
+    if anchors is not None:
+        anchors.update({"record": [], "anchor": [], "accepted_proxy": []})
     with torch.no_grad(), training_autocast(config, device):  # the same precision as the training loss
         for start in range(0, len(records), config.batch_size):
             indices = list(range(start, min(start + config.batch_size, len(records))))
             batch = collate([records[i] for i in indices], device)
             out = _config_loss(drafter, target, batch, config, weights,
                                torch.Generator().manual_seed(_seed(config.seed, "eval", start)), cache, indices,
-                               agreement=True)
+                               agreement=True, per_block=anchors is not None)
             n = int(out["blocks"])
+            if anchors is not None:
+                anchors["record"] += [indices[row] for row in out["block_rows"].tolist()]
+                anchors["anchor"] += out["block_anchors"].tolist()
+                anchors["accepted_proxy"] += [round(value, 6) for value in out["block_proxy"].tolist()]
             totals["loss"] += float(out["loss"]) * n
             totals["accepted_proxy"] += float(out["accepted_proxy"]) * n
             if "selector_loss" in out:  # DFlash2: the selector's share of the loss
@@ -430,8 +443,10 @@ def _train(config: TrainConfig, device: str, parallel: _Distributed, progress: b
     initial = None
     if config.eval_at_start and eval_records and not state and parallel.rank == 0:
         # the drafter as it starts (init_from, or fresh weights): what the run has to improve on
-        initial = evaluate(drafter, target, eval_records, config, weights, device, eval_cache)
+        anchors = {}
+        initial = evaluate(drafter, target, eval_records, config, weights, device, eval_cache, anchors=anchors)
         append_eval_log(config.out, 0, initial)
+        append_anchor_log(config.out, 0, anchors)
     plateau = resumed_plateau(config, state)
     autocast = training_autocast(config, device)
     bar = progress_bar(total, initial=start, desc="training", unit="step", enabled=progress and parallel.rank == 0)
@@ -476,8 +491,11 @@ def _train(config: TrainConfig, device: str, parallel: _Distributed, progress: b
                 f.write(json.dumps(entry) + "\n")
         if (step + 1) % config.save_every == 0 or last:
             if parallel.rank == 0:
-                held_out = (evaluate(drafter, target, eval_records, config, weights, device, eval_cache)
-                            if eval_records else None)
+                anchors = {}
+                held_out = (evaluate(drafter, target, eval_records, config, weights, device, eval_cache,
+                                     anchors=anchors) if eval_records else None)
+                if held_out is not None:
+                    append_anchor_log(config.out, step + 1, anchors)
                 plateau.update(step + 1, held_out)
                 save_checkpoint(drafter, optimizer, scheduler, config, step + 1, held_out, identity, plateau,
                                 extra={"data_position": data.position_info((step + 1) * per_step),
@@ -557,4 +575,17 @@ def append_eval_log(out: str, step: int, held_out: Dict) -> None:
         f.write(json.dumps({"step": step, **held_out}) + "\n")
 
 
-__all__ = ["train", "build_drafter", "default_target_layers", "latest_checkpoint", "lr_factor"]
+def append_anchor_log(out: str, step: int, anchors: Dict[str, list]) -> None:
+    """One line of out/eval_anchors.jsonl: every held-out block's acceptance estimate at `step`
+    (`evaluate`'s `anchors`), beside eval_log.jsonl's means."""
+    with open(os.path.join(out, ANCHOR_LOG), "a") as f:
+        f.write(json.dumps({"step": step, **anchors}) + "\n")
+
+
+def read_anchor_log(out: str) -> List[Dict]:
+    """out/eval_anchors.jsonl's lines, in order (none when the run has not logged one)."""
+    path = os.path.join(out, ANCHOR_LOG)
+    return [entry for _, entry in read_jsonl(path, "held-out anchor log")] if os.path.isfile(path) else []
+
+
+__all__ = ["train", "build_drafter", "default_target_layers", "latest_checkpoint", "lr_factor", "read_anchor_log"]

@@ -37,9 +37,9 @@ def main() -> None:
         parser.error("give --checkpoint and --name, or --run-dir")
 
 
-def package(checkpoint: str, name: str, out: Optional[str] = None) -> None:
+def package(checkpoint: str, name: str, out: Optional[str] = None, limit_bytes: Optional[int] = LIMIT_BYTES) -> None:
     """Writes the drafter at `checkpoint` in bf16 as the embedded drafter `name` (into `out`
-    instead when given)."""
+    instead when given); `limit_bytes` None: no size limit (a drafter kept, not embedded)."""
     out = out or embedded_drafter_dir(name)
     state = load_file(os.path.join(checkpoint, "model.safetensors"))
     half = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in state.items()}
@@ -47,7 +47,7 @@ def package(checkpoint: str, name: str, out: Optional[str] = None) -> None:
     save_file(half, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     shutil.copyfile(os.path.join(checkpoint, "config.json"), os.path.join(out, "config.json"))
     size = os.path.getsize(os.path.join(out, "model.safetensors"))
-    if size > LIMIT_BYTES:
+    if limit_bytes is not None and size > limit_bytes:
         raise SystemExit(f"{name}: {size / 2**20:.1f} MB is over the 25 MB limit for an embedded drafter")
     params = sum(v.numel() for v in half.values())
     print(f"{name}: {params / 1e6:.2f} M parameters, {size / 2**20:.1f} MB -> {out}")

@@ -1,0 +1,176 @@
+"""recipes/smollm2/train_drafters/train_scaled.py: the scaled campaign's shards (a growing store,
+re-listed every round), the paired bootstrap of per-anchor proxies, the capacity choice rule,
+and a tiny end-to-end pilot stage (two depths, two steps each) on a tiny target."""
+import argparse
+import gzip
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "train_drafters"))
+from train_scaled import (DEFAULT_SETTINGS, choose_depth, conclude, list_shards, new_ledger,  # noqa: E402
+                          paired_anchors, paired_bootstrap, pick_chunk, round_plan, run_round)
+
+
+def write_shard(path, records):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        f.writelines(records)
+
+
+def stores(tmp_path, records=None, scaled=("00000-chat", "00001-code")):
+    records = records or ['{"input_ids": [1], "loss_mask": [0]}\n']
+    store, grown = tmp_path / "store", tmp_path / "scaled"
+    for name in ("math-000", "code-000", "chat-000", "heldout"):
+        write_shard(str(store / "responses" / f"{name}.jsonl.gz"), records)
+    for name in scaled:
+        write_shard(str(grown / "responses" / f"{name}.jsonl.gz"), records)
+    return str(store), str(grown)
+
+
+def test_every_round_lists_the_store_again_and_takes_the_least_used_shards_new_ones_included(tmp_path):
+    store, scaled = stores(tmp_path)
+    (tmp_path / "scaled" / "responses" / "00002-math.jsonl.gz.partial").write_text("being written")
+    names = list_shards(store, scaled)
+    assert names == ["5x/math-000.jsonl.gz", "5x/code-000.jsonl.gz", "5x/chat-000.jsonl.gz",
+                     "scaled/00000-chat.jsonl.gz", "scaled/00001-code.jsonl.gz"]   # no held-out, no partial
+    book = new_ledger(store, {**DEFAULT_SETTINGS, "round_shards": 3, "layers_choices": [2]})
+    book.update(stage="base", choice={"layers": 2})
+    first = round_plan(book, names, "keep")
+    assert len(first["shards"]) == 3 and set(first["shards"]) <= set(names)
+    conclude(book, first, {"stage": "base", "shards": first["shards"],
+                           "runs": {"base": {"start": {"loss": 5.0}, "best": {"loss": 4.0}}}}, {})
+    write_shard(os.path.join(scaled, "responses", "00002-math.jsonl.gz"), ['{"input_ids": [1]}\n'])
+    names = list_shards(store, scaled)
+    assert names[-1] == "scaled/00002-math.jsonl.gz"
+    second = round_plan(book, names, "keep")
+    unused = sorted(set(names) - set(first["shards"]))
+    assert sorted(second["shards"]) == unused   # the two never used and the new one, before any used again
+    assert second["runs"]["base"]["init"] == os.path.join("keep", "dflash-k1")   # the kept base goes on
+
+
+def test_a_chunk_prefers_unused_shards_in_a_fixed_mixed_order():
+    names = [f"5x/math-{i:03d}.jsonl.gz" for i in range(6)] + [f"scaled/{i:05d}-chat.jsonl.gz" for i in range(6)]
+    chunk = pick_chunk(names, {}, 6)
+    assert pick_chunk(list(reversed(names)), {}, 6) == chunk               # the order listed does not matter
+    assert any(n.startswith("5x/") for n in chunk) and any(n.startswith("scaled/") for n in chunk)
+    assert set(pick_chunk(names, {n: 1 for n in chunk}, 6)) == set(names) - set(chunk)
+
+
+def test_the_paired_bootstrap_of_a_constant_difference_is_that_difference():
+    a = np.array([0.1, 0.5, 1.0, 2.0, 0.0])
+    result = paired_bootstrap(a, a + 0.25, samples=500, seed=3)
+    assert result["mean"] == pytest.approx(0.25) and result["low"] == pytest.approx(0.25)
+    assert result["high"] == pytest.approx(0.25) and result["anchors"] == 5
+
+
+def test_the_paired_bootstrap_has_the_interval_of_known_inputs_and_is_seeded():
+    # differences 0 and 1, half each: resampled means ~ Binomial(n, 1/2) / n, interval ~ 1/2 -+ 1.96 / (2 sqrt n)
+    n = 400
+    a, b = np.zeros(n), np.tile([0.0, 1.0], n // 2)
+    result = paired_bootstrap(a, b, samples=4000, seed=0)
+    assert result["mean"] == 0.5
+    assert result["low"] == pytest.approx(0.5 - 0.049, abs=0.006) and result["high"] == pytest.approx(0.5 + 0.049,
+                                                                                                        abs=0.006)
+    assert paired_bootstrap(a, b, samples=4000, seed=0) == result
+    assert paired_bootstrap(a, b, samples=4000, seed=1) != result
+
+
+def test_a_planted_difference_is_detected_and_none_when_the_pilots_are_equal():
+    rng = np.random.default_rng(0)
+    a = rng.gamma(1.0, 0.5, size=2000)          # per-anchor proxies, skewed like accepted lengths
+    noise = rng.normal(0, 0.3, size=1000)
+    same = a + np.concatenate([noise, -noise])  # equal in mean, noisy pair by pair
+    planted = a + 0.05 + rng.normal(0, 0.3, size=2000)
+    equal = paired_bootstrap(a, same, samples=2000, seed=0)
+    assert equal["low"] < 0 < equal["high"]
+    found = paired_bootstrap(a, planted, samples=2000, seed=0)
+    assert found["low"] > 0 and found["mean"] == pytest.approx(0.05, abs=0.02)
+
+
+def pilots(gains, n=1500, seed=0, noise=0.1):
+    """Per-anchor proxies of pilots 2, 3, 4: a shared base plus each depth's planted gain, with
+    pair-by-pair noise of mean exactly 0 (so each mean gain is exactly the planted one)."""
+    rng = np.random.default_rng(seed)
+    base = rng.gamma(1.0, 0.5, size=n)
+    out = {}
+    for depth, gain in zip((2, 3, 4), gains):
+        e = rng.normal(0, noise, size=n // 2)
+        out[depth] = base + gain + np.concatenate([e, -e])
+    return out
+
+
+CYCLE = {"2": 165.0, "3": 168.0, "4": 171.0}   # break-even gains about 0.027 (3 over 2) and 0.026 (4 over 3)
+
+
+@pytest.mark.parametrize("gains, chosen, noise", [
+    ((0.0, 0.10, 0.20), 4, 0.1),      # each step gains well above its cost
+    ((0.0, 0.10, 0.10), 3, 0.1),      # 4 is no better than 3
+    ((0.0, 0.01, 0.02), 2, 0.1),      # separated, but too small to pay for the longer cycle
+    ((0.0, 0.0, 0.0), 2, 0.1),        # nothing to tell them apart
+    ((0.0, -0.10, 0.08), 4, 0.1),     # 3 is worse; 4 beats both 2 and 3 and pays over each
+    ((0.0, -0.10, -0.02), 2, 0.1),    # 4 beats 3 but not 2: the deeper pilot must beat every shallower one
+    ((0.0, 0.06, 0.12), 2, 3.0),      # gains that would pay, but the intervals (noisy anchors) include 0
+])
+def test_the_choice_is_the_deepest_pilot_that_beats_each_shallower_one_and_pays_for_it(gains, chosen, noise):
+    choice = choose_depth(pilots(gains, noise=noise), CYCLE, samples=1000, seed=0)
+    assert choice["layers"] == chosen
+    assert {(p["deeper"], p["shallower"]) for p in choice["pairs"]} == {(3, 2), (4, 2), (4, 3)}
+    three = next(p for p in choice["pairs"] if (p["deeper"], p["shallower"]) == (3, 2))
+    assert three["break_even"] == pytest.approx((1 + choice["pilots"]["2"]["proxy"]) * (168 / 165 - 1), abs=1e-4)
+
+
+def test_a_choice_needs_every_pilot_s_cycle_time_and_the_same_anchors():
+    with pytest.raises(ValueError, match=r"no cycle time for \[4\]"):
+        choose_depth(pilots((0, 0, 0)), {"2": 165.0, "3": 168.0})
+    one = {"record": [0, 0, 1], "anchor": [3, 5, 2], "accepted_proxy": [1.0, 0.5, 0.0]}
+    other = {"record": [1, 0, 0], "anchor": [2, 5, 3], "accepted_proxy": [0.25, 0.5, 2.0]}
+    first, second = paired_anchors(one, other)
+    assert first.tolist() == [1.0, 0.5, 0.0] and second.tolist() == [2.0, 0.5, 0.25]   # aligned by (record, anchor)
+    with pytest.raises(ValueError, match="not on the same anchors"):
+        paired_anchors(one, dict(other, anchor=[2, 5, 4]))
+
+
+# ---------------------------------------------------------------------------------------------
+# a tiny end-to-end pilot stage
+
+
+def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path):
+    pytest.importorskip("transformers")
+    from test_training_feature_cache import write_tiny_world
+
+    target_dir, data = write_tiny_world(tmp_path, prompts=16, seed=11, longest_prompt=6, max_new_tokens=16)
+    lines = open(data).readlines()
+    store, scaled = stores(tmp_path, scaled=())
+    for i, name in enumerate(("math-000", "code-000", "chat-000")):
+        write_shard(os.path.join(store, "responses", f"{name}.jsonl.gz"), lines[4 * i:4 * i + 4])
+    write_shard(os.path.join(store, "responses", "heldout.jsonl.gz"), lines[12:])
+    write_shard(os.path.join(scaled, "responses", "00000-chat.jsonl.gz"), lines[:4])
+    settings = {"target": target_dir, "mask_token_id": 2, "target_layer_ids": [1, 2], "block": 4,
+                "layers_choices": [1, 2], "pilot_steps": 2, "round_shards": 2, "batch_size": 2, "num_anchors": 4,
+                "eval_anchors": 6, "save_every": 2, "feature_cache_gb": 1, "bootstrap_samples": 200,
+                "cycle_ms": {"1": 100.0, "2": 104.0}}
+    args = argparse.Namespace(store=store, scaled=scaled, ledger=str(tmp_path / "scaled.json"),
+                              logs=str(tmp_path / "logs"), work=str(tmp_path / "work"), keep_dir=str(tmp_path / "keep"),
+                              plan=False)
+    said = []
+    assert run_round(args, settings, log=said.append)
+    book = json.loads(open(args.ledger).read())
+    assert book["stage"] == "pilots" and list(book["pilots"]) == ["1"] and book["choice"] is None
+    assert run_round(args, settings, log=said.append)
+    book = json.loads(open(args.ledger).read())
+    assert book["stage"] == "base" and sorted(book["pilots"]) == ["1", "2"]
+    assert [r["shards"] for r in book["rounds"]] == [book["pilot_shards"]] * 2   # the same data for each depth
+    assert all(book["rounds"][i]["runs"][f"pilot-L{i + 1}"]["steps"] == 2 for i in range(2))
+    logs = [json.loads(open(os.path.join(args.logs, p["anchors_log"])).readline()) for p in book["pilots"].values()]
+    assert len(logs[0]["record"]) > 6 and logs[0]["anchor"] == logs[1]["anchor"]   # paired
+    choice = book["choice"]
+    assert choice["layers"] in (1, 2) and [(p["deeper"], p["shallower"]) for p in choice["pairs"]] == [(2, 1)]
+    assert choice["table"][0].startswith("| pilot |") and any("L2 vs L1" in line for line in choice["table"])
+    assert any("chosen" in message for message in said)
+    plan = round_plan(book, list_shards(store, scaled), args.keep_dir)
+    assert plan["stage"] == "base" and plan["runs"]["base"]["init"] is None   # the chosen depth from scratch
+    assert plan["shards"] == book["pilot_shards"]   # pilots use no shard up: the first base reads their features

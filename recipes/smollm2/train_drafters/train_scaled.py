@@ -1,0 +1,483 @@
+"""The scaled SmolLM2 training campaign (issue 58): capacity pilots, then the chosen drafter
+trained to its plateau for both arms, on the 5x store's shards plus every kept shard of the
+scaled store, in rounds that each fit a sitting on 2 CPU cores. Its own ledger
+(recipes/smollm2/training/scaled.json); the 5x campaign's ledger.json is finished and untouched.
+
+Data. At the start of every round the shards are listed again: the 5x store's
+(data/responses/{math,code,chat}-NNN.jsonl.gz) and the scaled store's (data/scaled/responses/
+NNNNN-kind.jsonl.gz, which appear only when whole), so shards made since the last round are
+used. The held-out split is the 5x store's heldout.jsonl.gz for every run. A round trains on a
+chunk of `round_shards` shards: those the campaign has trained on the fewest times (pilots do
+not count), ties broken by a hash of the name (a fixed pseudo-random order, so each chunk mixes
+the stores and kinds and new shards come in with the unused ones). The chunk is written to the
+round's work folder first, so a round resumed on the same machine keeps its data.
+
+Features: cached, bounded. A round's runs all read its chunk: the arms round's two runs, two
+epochs each at the defaults (1,600 steps x 4 sequences over 16 shards of ~200), read each
+cached feature four times, and the pilots (each its own round, same chunk) read them three
+times over: online features would pay the target's forward (the bigger half of a step on this
+CPU, with the top-32 the distillation needs) at every read. The cache of a chunk takes about
+6 KB a token (16 shards ~ 6 GB), so `feature_cache_gb` (12) holds a chunk and the held-out
+set with room to spare; older rounds' shard caches are deleted least recently used first, so
+the folder never outgrows a normal disk, however large the store gets. Each run measures the
+target-feature RMS on its chunk's first `feature_scale_shards` shards only.
+
+Stages:
+  pilots  one round per depth in `layers_choices` (2, 3, 4): a K = 1 base drafter from scratch
+          (NLL with distillation, block `block`), `pilot_steps` steps on the same chunk with the
+          same seed; then its final drafter is measured alone on the held-out split with
+          `eval_anchors` anchors per sequence (a zero-step run, seed 0: every pilot on the same
+          anchors). The per-anchor accepted-length proxies (eval_anchors.jsonl, kept in the logs)
+          are compared pair by pair (`paired_bootstrap`) and `choose_depth` picks the depth: the
+          deepest pilot whose proxy gain over every shallower pilot has a bootstrap 95% interval
+          above 0 AND pays for its extra cycle cost (`cycle_ms`: a cycle's time per depth from
+          recipes/smollm2/measure/capacity_cost.py; speed ~ (1 + accepted) / cycle, so a deeper
+          pilot pays when its mean gain exceeds (1 + the shallower's proxy) * (its cycle / the
+          shallower's - 1)); else the shallowest. The table of why goes into the ledger and the log.
+  base    K = 1 at the chosen depth, NLL with distillation, from scratch first, then from the
+          campaign's kept dflash-k1; `base_steps` steps; kept when its held-out loss fell; done
+          when a round gains less than `min_gain` or after `max_base_rounds` rounds.
+  arms    dflash-k1 (NLL with distillation) and dblast-k4 (K = 4 head, accepted-length surrogate)
+          from that base, the same chunk and `arm_steps` steps each; each kept when it improved
+          (dblast-k4 by its proxy), each to its own plateau (or `max_rounds`).
+Kept drafters are written in bfloat16 into --keep-dir (default recipes/smollm2/training/
+scaled-drafters/<arm>/), committed with the ledger and the logs after each round, and never
+shipped into dblast_ext/drafters/ by this script (a deeper drafter is over package.py's 25 MB
+embedded limit, and shipping waits for the evaluation against the 5x pair).
+
+Costs on the recipe's 2-core CPU (see recipes/smollm2/README.md): a chunk's feature pass is
+about 3 minutes a shard (16 shards ~ 50 minutes, paid once per chunk and machine), a pilot
+round `pilot_steps` steps at the step time of its depth, a base round `base_steps` steps, an
+arms round 2 x `arm_steps` steps.
+
+    python recipes/smollm2/train_drafters/train_scaled.py --plan      # the next round, as configs
+    python recipes/smollm2/train_drafters/train_scaled.py             # the next round
+    python recipes/smollm2/train_drafters/train_scaled.py --rounds 3  # the three pilots
+    python recipes/smollm2/train_drafters/train_scaled.py --choose    # the pilots' table again
+    python recipes/smollm2/train_drafters/train_scaled.py --amend '{"arm_steps": 2400}' --why "..."
+"""
+import argparse
+import datetime
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import train_round
+from package import package
+from train_round import read_json, write_json
+
+RECIPE, ROOT = train_round.RECIPE, train_round.ROOT
+ARMS = train_round.ARMS
+SCALED_NAME = "[0-9][0-9][0-9][0-9][0-9]-*.jsonl.gz"   # data_scale.py's whole shards
+
+# what a new ledger is made with; afterwards the ledger's own settings rule every round
+DEFAULT_SETTINGS = {
+    "round_shards": 16, "pilot_steps": 2400, "base_steps": 2400, "arm_steps": 1600,
+    "layers_choices": [2, 3, 4], "block": 8, "eval_anchors": 64,
+    "batch_size": 4, "num_anchors": 16, "distill_weight": 0.5, "decay": 7, "save_every": 200, "patience": 3,
+    "target": "default", "mask_token_id": train_round.MASK, "target_layer_ids": [1, 8, 14, 21, 27],
+    "lr_scratch": 1e-3, "lr_continue": 3e-4, "tau": 0.1, "min_gain": 0.01, "max_rounds": 16, "max_base_rounds": 8,
+    "feature_cache_gb": 12, "feature_scale_shards": 2, "bootstrap_samples": 10000, "bootstrap_seed": 0,
+    # a decoding cycle's time per drafter depth (ms): what capacity_cost.py measured, with where and when
+    "cycle_ms": {"2": 165.0, "3": 168.0, "4": 171.0},
+    "cycle_cost_source": "recipes/smollm2/measure/capacity_cost.py, 2026-12-07, the recipe's 2-core Intel Xeon "
+                         "(no native bfloat16), dblast demo's fastest exact CPU settings, block 8, trie verify: "
+                         "2 -> 4 layers added about 6 ms to a ~165 ms cycle (0.06 target steps); 3 layers "
+                         "interpolated (each drafter layer costs the same). Rerun it on idle cores and --amend "
+                         "cycle_ms with the figures it prints.",
+}
+
+
+# --- data ------------------------------------------------------------------------------------
+
+def list_shards(store: str, scaled: str) -> list:
+    """Every training shard there is now, as '5x/NAME' and 'scaled/NAME' (the held-out split is
+    not among them): the 5x store's, then the scaled store's whole shards, each in name order."""
+    return ([f"5x/{name}" for name in train_round.store_shards(store)] +
+            [f"scaled/{os.path.basename(p)}" for p in sorted(glob.glob(os.path.join(scaled, "responses", SCALED_NAME)))])
+
+
+def shard_path(name: str, store: str, scaled: str) -> str:
+    where, _, file = name.partition("/")
+    return os.path.join({"5x": store, "scaled": scaled}[where], "responses", file)
+
+
+def shard_uses(ledger: dict) -> dict:
+    """How many training rounds (pilots aside) each shard has been in."""
+    uses = {}
+    for record in ledger["rounds"]:
+        if record["stage"] != "pilots":
+            for name in record["shards"]:
+                uses[name] = uses.get(name, 0) + 1
+    return uses
+
+
+def name_rank(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def pick_chunk(names: list, uses: dict, count: int) -> list:
+    """The `count` shards used least so far, ties in a fixed pseudo-random order (the name's hash)."""
+    return sorted(names, key=lambda name: (uses.get(name, 0), name_rank(name)))[:count]
+
+
+# --- the paired comparison and the choice ----------------------------------------------------
+
+def paired_anchors(first: dict, second: dict) -> tuple:
+    """Two eval_anchors.jsonl entries on the same anchors -> (proxies of first, of second) as
+    arrays aligned by (record, anchor); a ValueError when their anchors differ."""
+    def by_key(entry):
+        return {(r, a): p for r, a, p in zip(entry["record"], entry["anchor"], entry["accepted_proxy"])}
+    a, b = by_key(first), by_key(second)
+    if a.keys() != b.keys():
+        raise ValueError(f"the two measurements are not on the same anchors ({len(a)} and {len(b)} blocks, "
+                         f"{len(a.keys() & b.keys())} shared): measure both with the same seed, num_anchors, "
+                         "batch_size and held-out file")
+    keys = sorted(a)
+    return np.array([a[k] for k in keys], dtype=np.float64), np.array([b[k] for k in keys], dtype=np.float64)
+
+
+def paired_bootstrap(first, second, samples: int = 10000, seed: int = 0) -> dict:
+    """The mean of second - first over paired anchors and its percentile bootstrap 95% interval
+    (anchors resampled with replacement, `samples` times, numpy's generator seeded `seed`)."""
+    diff = np.asarray(second, dtype=np.float64) - np.asarray(first, dtype=np.float64)
+    if diff.ndim != 1 or len(diff) == 0:
+        raise ValueError("paired_bootstrap needs two equally long, non-empty lists of per-anchor values")
+    rng = np.random.default_rng(seed)
+    means = np.empty(samples)
+    for start in range(0, samples, 1000):   # a thousand resamples at a time: bounded memory
+        n = min(1000, samples - start)
+        means[start:start + n] = diff[rng.integers(0, len(diff), size=(n, len(diff)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"mean": float(diff.mean()), "low": float(low), "high": float(high), "anchors": int(len(diff))}
+
+
+def choose_depth(proxies: dict, cycle_ms: dict, samples: int = 10000, seed: int = 0) -> dict:
+    """The depth to train, from per-anchor proxies aligned across pilots ({layers: array}) and a
+    cycle's time per depth ({layers: ms}; JSON keys may be strings): the deepest pilot that beats
+    every shallower pilot with a paired 95% interval above 0 and a mean gain that pays for its
+    longer cycle; else the shallowest. Returns {"layers", "pilots", "pairs"} (the table of why)."""
+    cost = {int(k): float(v) for k, v in cycle_ms.items()}
+    depths = sorted(int(k) for k in proxies)
+    missing = [d for d in depths if d not in cost]
+    if missing:
+        raise ValueError(f"cycle_ms has no cycle time for {missing} layers (measure/capacity_cost.py --layers ...)")
+    values = {int(k): np.asarray(v, dtype=np.float64) for k, v in proxies.items()}
+    pairs = []
+    for i, deep in enumerate(depths):
+        for shallow in depths[:i]:
+            ci = paired_bootstrap(values[shallow], values[deep], samples, seed)
+            base = float(values[shallow].mean())
+            break_even = (1 + base) * (cost[deep] / cost[shallow] - 1)
+            pairs.append({"deeper": deep, "shallower": shallow, **{k: round(v, 5) if isinstance(v, float) else v
+                                                                   for k, v in ci.items()},
+                          "break_even": round(break_even, 5), "separated": ci["low"] > 0,
+                          "pays": ci["mean"] > break_even})
+    chosen = depths[0]
+    for deep in reversed(depths[1:]):
+        against = [p for p in pairs if p["deeper"] == deep]
+        if all(p["separated"] and p["pays"] for p in against):
+            chosen = deep
+            break
+    pilots = {str(d): {"proxy": round(float(values[d].mean()), 5), "cycle_ms": cost[d]} for d in depths}
+    return {"layers": chosen, "pilots": pilots, "pairs": pairs}
+
+
+def choice_table(choice: dict) -> str:
+    """The choice as markdown: each pilot's mean proxy and cycle, each pair's gain and why."""
+    lines = ["| pilot | held-out proxy (mean over anchors) | cycle ms |", "| --- | ---: | ---: |"]
+    for depth, p in choice["pilots"].items():
+        mark = " (chosen)" if int(depth) == choice["layers"] else ""
+        lines.append(f"| L{depth}{mark} | {p['proxy']:.4f} | {p['cycle_ms']:.1f} |")
+    lines += ["", "| deeper vs shallower | mean gain | 95% interval (paired bootstrap) | anchors | break-even gain "
+              "| interval above 0 | pays |", "| --- | ---: | --- | ---: | ---: | --- | --- |"]
+    for p in choice["pairs"]:
+        lines.append(f"| L{p['deeper']} vs L{p['shallower']} | {p['mean']:+.4f} | [{p['low']:+.4f}, {p['high']:+.4f}] "
+                     f"| {p['anchors']} | {p['break_even']:.4f} | {'yes' if p['separated'] else 'no'} "
+                     f"| {'yes' if p['pays'] else 'no'} |")
+    return "\n".join(lines)
+
+
+# --- the ledger ------------------------------------------------------------------------------
+
+def new_ledger(store: str, settings: dict) -> dict:
+    if not os.path.isfile(os.path.join(store, "responses", "heldout.jsonl.gz")):
+        sys.exit(f"{store}/responses/heldout.jsonl.gz is missing: the campaign holds out the 5x store's split")
+    return {"campaign": "scaled (issue 58)", "settings": settings, "heldout": "5x/heldout.jsonl.gz",
+            "stage": "pilots", "pilot_shards": None, "pilots": {}, "choice": None,
+            "kept": {arm: None for arm in ARMS}, "arms_from_round": None, "done": [], "rounds": []}
+
+
+def check_setting_names(settings: dict, flag: str) -> None:
+    unknown = sorted(set(settings) - set(DEFAULT_SETTINGS))
+    if unknown:
+        raise ValueError(f"{flag}: unknown settings {unknown}; known: {sorted(DEFAULT_SETTINGS)}")
+
+
+def amend_settings(ledger: dict, changes: dict, why: str) -> dict:
+    """Changes the settings from the next round on; the ledger keeps old and new values and why."""
+    check_setting_names(changes, "--amend")
+    if not why.strip():
+        raise ValueError("--amend needs --why: the ledger keeps the reason for every change")
+    settings = ledger["settings"]
+    record = {"from_round": len(ledger["rounds"]), "date": datetime.date.today().isoformat(), "why": why.strip(),
+              "changes": {key: {"old": settings.get(key), "new": value} for key, value in sorted(changes.items())}}
+    settings.update(changes)
+    ledger.setdefault("amended", []).append(record)
+    return record
+
+
+def round_plan(ledger: dict, names: list, keep_dir: str) -> dict:
+    """The next round: its index, stage, shards and runs (name -> how; `init`: where a run starts,
+    None from scratch)."""
+    s, stage, index = ledger["settings"], ledger["stage"], len(ledger["rounds"])
+    runs = {}
+    if stage == "pilots":
+        layers = next(d for d in s["layers_choices"] if str(d) not in ledger["pilots"])
+        shards = ledger["pilot_shards"] or pick_chunk(names, {}, s["round_shards"])
+        runs[f"pilot-L{layers}"] = {"kind": "pilot", "layers": layers, "init": None}
+        runs[f"measure-L{layers}"] = {"kind": "measure", "layers": layers, "of": f"pilot-L{layers}"}
+    else:
+        shards = pick_chunk(names, shard_uses(ledger), s["round_shards"])
+        if stage == "base":
+            kept = ledger["kept"]["dflash-k1"] is not None
+            runs["base"] = {"kind": "base", "init": os.path.join(keep_dir, "dflash-k1") if kept else None}
+        elif stage == "arms":
+            for arm in ARMS:
+                if arm not in ledger["done"]:
+                    own = ledger["kept"][arm] is not None and ledger["kept"][arm] >= ledger["arms_from_round"]
+                    runs[arm] = {"kind": "arm", "init": os.path.join(keep_dir, arm if own else "dflash-k1")}
+    return {"round": index, "stage": stage, "shards": shards, "runs": runs}
+
+
+def run_config(ledger: dict, plan: dict, name: str, run: dict, paths: dict, work: str, features: str) -> dict:
+    """The `dblast train` config of one run. paths: 'data' (the chunk's files), 'heldout'."""
+    s, kind = ledger["settings"], run["kind"]
+    objective = "al" if name == "dblast-k4" else "nll"
+    common = {"target": s["target"], "eval_data": [paths["heldout"]], "out": os.path.join(work, name),
+              "batch_size": s["batch_size"], "feature_cache": features, "features": "cached",
+              "feature_cache_max_gb": s["feature_cache_gb"], "autocast": "auto", "recompute_logits": False,
+              "eval_at_start": True, "log_every": 10}
+    if kind == "measure":   # the pilot's final drafter alone on the held-out split: many anchors, seed 0
+        return {**common, "data": [paths["heldout"]], "init_from": os.path.join(work, run["of"], "final"),
+                "max_steps": 0, "num_anchors": s["eval_anchors"], "seed": 0, "feature_scaling": "none",
+                "objective": "nll", "select_by": "accepted_proxy"}
+    config = {**common, "data": paths["data"], "init_from": run["init"], "shard_window": None,
+              "feature_scale_shards": s["feature_scale_shards"], "block_size": s["block"],
+              "num_branches": 4 if name == "dblast-k4" else 1, "objective": objective, "tau": s["tau"],
+              "distill_weight": s["distill_weight"] if objective == "nll" else 0.0, "decay": s["decay"],
+              "feature_scaling": "rms", "num_anchors": s["num_anchors"], "warmup_ratio": 0.04,
+              "patience": None if kind == "pilot" else s["patience"], "save_every": s["save_every"],
+              "seed": plan["round"] if kind != "pilot" else 0, "select_by": train_round.SELECT_BY[objective],
+              "max_steps": s[{"pilot": "pilot_steps", "base": "base_steps", "arm": "arm_steps"}[kind]]}
+    if run["init"] is None:
+        layers = run.get("layers") or ledger["choice"]["layers"]
+        config.update(drafter={"num_hidden_layers": layers, "mask_token_id": s["mask_token_id"],
+                               "target_layer_ids": s["target_layer_ids"]}, lr=s["lr_scratch"])
+    else:
+        config.update(lr=s["lr_continue"])
+    return config
+
+
+def base_is_done(ledger: dict, gain: float) -> bool:
+    s = ledger["settings"]
+    rounds = sum(1 for r in ledger["rounds"] if r["stage"] == "base")
+    return gain < s["min_gain"] or rounds >= min(s["max_rounds"], s["max_base_rounds"])
+
+
+def conclude(ledger: dict, plan: dict, record: dict, pilot_logs: dict) -> list:
+    """Updates the ledger from a finished round (appended to ledger['rounds'] first) and returns
+    what to keep, as (run name, arm) pairs. pilot_logs: {layers: eval_anchors.jsonl entry} of
+    every pilot measured so far (this round's included)."""
+    s, stage, keep = ledger["settings"], plan["stage"], []
+    ledger["rounds"].append(record)
+    if stage == "pilots":
+        if ledger["pilot_shards"] is None:
+            ledger["pilot_shards"] = plan["shards"]
+        for name, run in plan["runs"].items():
+            if run["kind"] == "measure":
+                ledger["pilots"][str(run["layers"])] = record["runs"][name]["measured"]
+        if all(str(d) in ledger["pilots"] for d in s["layers_choices"]):
+            ledger["choice"] = choose_from_logs(ledger, pilot_logs)
+            ledger["stage"] = "base"
+    elif stage == "base":
+        run = record["runs"]["base"]
+        first = plan["runs"]["base"]["init"] is None
+        gain = 1.0 if first else train_round.relative_gain(run)
+        run.update(gain=round(gain, 5), kept=gain > 0)
+        if gain > 0:
+            keep.append(("base", "dflash-k1"))
+            ledger["kept"]["dflash-k1"] = plan["round"]
+        if base_is_done(ledger, gain):
+            ledger["stage"], ledger["arms_from_round"] = "arms", plan["round"] + 1
+    elif stage == "arms":
+        for arm in plan["runs"]:
+            run = record["runs"][arm]
+            gain = train_round.relative_gain(run)
+            run.update(gain=round(gain, 5), kept=gain > 0)
+            if gain > 0:
+                keep.append((arm, arm))
+                ledger["kept"][arm] = plan["round"]
+            rounds = sum(1 for r in ledger["rounds"] if r["stage"] == "arms" and arm in r["runs"])
+            if gain < s["min_gain"] or rounds >= s["max_rounds"]:
+                ledger["done"].append(arm)
+        if all(arm in ledger["done"] for arm in ARMS):
+            ledger["stage"] = "done"
+    return keep
+
+
+def choose_from_logs(ledger: dict, pilot_logs: dict) -> dict:
+    """choose_depth over the pilots' per-anchor measurements, all paired on the first one's anchors."""
+    s = ledger["settings"]
+    depths = sorted(pilot_logs)
+    proxies, reference = {}, pilot_logs[depths[0]]
+    for depth in depths:
+        proxies[depth] = paired_anchors(reference, pilot_logs[depth])[1]
+    choice = choose_depth(proxies, s["cycle_ms"], s["bootstrap_samples"], s["bootstrap_seed"])
+    choice["table"] = choice_table(choice).splitlines()
+    return choice
+
+
+def read_pilot_logs(ledger: dict, logs: str) -> dict:
+    """{layers: the measured pilot's eval_anchors.jsonl entry}, from the copies in `logs`."""
+    out = {}
+    for depth, measured in ledger["pilots"].items():
+        with open(os.path.join(logs, measured["anchors_log"])) as f:
+            out[int(depth)] = json.loads(f.readline())
+    return out
+
+
+# --- running a round -------------------------------------------------------------------------
+
+def train(config: dict, work: str, log) -> float:
+    """Runs `dblast train` on the config (written beside the run) in a fresh process; its seconds."""
+    path = os.path.join(work, os.path.basename(config["out"]) + ".json")
+    write_json(path, config)
+    started = time.time()
+    log(f"== train {os.path.basename(config['out'])} ({time.strftime('%H:%M:%S', time.gmtime())} UTC)")
+    subprocess.run([sys.executable, "-m", "dblast_ext.cli", "train", "--config", path, "--no-progress"], check=True)
+    return round(time.time() - started, 1)
+
+
+def run_round(args, overrides: dict, log=print) -> bool:
+    """The next round (its plan only, with --plan); False when the campaign is done."""
+    ledger = read_json(args.ledger) or new_ledger(args.store, {**DEFAULT_SETTINGS, **overrides})
+    if ledger["stage"] == "done":
+        log("the campaign is done: both arms at their plateau or their max_rounds")
+        return False
+    names = list_shards(args.store, args.scaled)
+    plan = round_plan(ledger, names, args.keep_dir)
+    work = os.path.join(args.work, f"round-{plan['round']:02d}")
+    kept_plan = read_json(os.path.join(work, "plan.json"))
+    if kept_plan is not None and not args.plan:   # an interrupted round goes on with its own data
+        plan["shards"] = kept_plan["shards"]
+    paths = {"data": [shard_path(n, args.store, args.scaled) for n in plan["shards"]],
+             "heldout": shard_path(ledger["heldout"], args.store, args.scaled)}
+    features = os.path.join(args.work, "features")
+    configs = {name: run_config(ledger, plan, name, run, paths, work, features) for name, run in plan["runs"].items()}
+    uses = shard_uses(ledger)
+    listing = {"shards": len(names), "5x": sum(n.startswith("5x/") for n in names),
+               "scaled": sum(n.startswith("scaled/") for n in names),
+               "never_trained_on": sum(1 for n in names if n not in uses)}
+    if args.plan:
+        print(json.dumps({"plan": plan, "listing": listing, "configs": configs}, indent=1))
+        return True
+    os.makedirs(work, exist_ok=True)
+    write_json(os.path.join(work, "plan.json"), plan)
+    seqs, responses, total = train_round.chunk_size(paths["data"])
+    log(f"== round {plan['round']} ({plan['stage']}): {len(plan['shards'])} shards of {listing['shards']} "
+        f"({listing['5x']} 5x, {listing['scaled']} scaled, {listing['never_trained_on']} never trained on), "
+        f"{seqs} sequences, {responses} response tokens, {total} tokens")
+    record = {"round": plan["round"], "stage": plan["stage"], "shards": plan["shards"],
+              "date": datetime.date.today().isoformat(), "listing": listing, "runs": {}}
+    pilot_logs = {}
+    for name, config in configs.items():
+        seconds = train(config, work, log)
+        entries = [json.loads(line) for line in open(os.path.join(config["out"], "eval_log.jsonl")) if line.strip()]
+        prefix = f"round-{plan['round']:02d}-{name}"
+        train_round.copy_logs(config["out"], args.logs, prefix)
+        if plan["runs"][name]["kind"] == "measure":
+            anchors_log = f"{prefix}-eval_anchors.jsonl"
+            with open(os.path.join(config["out"], "eval_anchors.jsonl")) as f:
+                first = f.readline()
+            with open(os.path.join(args.logs, anchors_log), "w") as f:
+                f.write(first)
+            pilot = record["runs"][plan["runs"][name]["of"]]
+            record["runs"][name] = {"seconds": seconds, "measured": {
+                "anchors_log": anchors_log, "proxy": round(entries[0]["accepted_proxy"], 5),
+                "blocks": len(json.loads(first)["record"]), "pilot_steps": pilot["steps"],
+                "pilot_seconds": pilot["seconds"]}}
+            pilot_logs[plan["runs"][name]["layers"]] = json.loads(first)
+            continue
+        positions = ledger["settings"]["block"] - 1
+        record["runs"][name] = {"init": config["init_from"] and os.path.basename(config["init_from"]),
+                                "steps": max(e["step"] for e in entries), "seconds": seconds,
+                                **train_round.measured(entries, positions, config["select_by"])}
+    if plan["stage"] == "pilots":
+        pilot_logs = {**read_pilot_logs(ledger, args.logs), **pilot_logs}
+    keep = conclude(ledger, plan, record, pilot_logs)
+    for run_name, arm in keep:
+        package(os.path.join(configs[run_name]["out"], "final"), arm, os.path.join(args.keep_dir, arm),
+                limit_bytes=None)
+    record["kept"] = [arm for _, arm in keep]
+    write_json(args.ledger, ledger)
+    if ledger.get("choice") and plan["stage"] == "pilots":
+        log("== the pilots' choice:\n" + "\n".join(ledger["choice"]["table"]) +
+            f"\n== chosen: {ledger['choice']['layers']} layers")
+    log(f"== round {plan['round']} done: kept {record['kept'] or 'nothing'}; next stage {ledger['stage']}")
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    here = lambda *parts: os.path.relpath(os.path.join(*parts))  # noqa: E731  (configs name no machine's folders)
+    parser.add_argument("--store", default=here(RECIPE, "data"), help="the 5x store (and its held-out split)")
+    parser.add_argument("--scaled", default=here(RECIPE, "data", "scaled"), help="the scaled store (read only)")
+    parser.add_argument("--ledger", default=here(RECIPE, "training", "scaled.json"))
+    parser.add_argument("--logs", default=here(RECIPE, "logs", "scaled"), help="where the runs' logs are kept")
+    parser.add_argument("--work", default=here(ROOT, "runs", "smollm2-scaled"), help="scratch: runs, features")
+    parser.add_argument("--keep-dir", default=here(RECIPE, "training", "scaled-drafters"),
+                        help="where the campaign's improved drafters are kept (bfloat16), one folder per arm")
+    parser.add_argument("--settings", default="{}", help="JSON overrides of the settings of a NEW ledger")
+    parser.add_argument("--plan", action="store_true", help="print the next round's plan and stop")
+    parser.add_argument("--choose", action="store_true", help="print the pilots' choice table (from the logs)")
+    parser.add_argument("--amend", metavar="JSON", help="change settings from the next round on (with --why)")
+    parser.add_argument("--why", default="", help="the reason for --amend, kept in the ledger")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds to run (stops early once the campaign is done)")
+    args = parser.parse_args()
+    if args.settings != "{}" and os.path.isfile(args.ledger):
+        parser.error(f"--settings applies to a new ledger only; {args.ledger} has its own")
+    if args.amend is not None or args.choose:
+        ledger = read_json(args.ledger)
+        if ledger is None:
+            parser.error(f"{args.ledger} does not exist yet")
+        if args.choose:
+            choice = choose_from_logs(ledger, read_pilot_logs(ledger, args.logs))
+            print("\n".join(choice["table"]) + f"\nchosen: {choice['layers']} layers")
+            return 0
+        try:
+            record = amend_settings(ledger, json.loads(args.amend), args.why)
+        except ValueError as error:
+            parser.error(str(error))
+        write_json(args.ledger, ledger)
+        print(json.dumps(record, indent=1))
+        return 0
+    overrides = json.loads(args.settings)
+    try:
+        check_setting_names(overrides, "--settings")
+    except ValueError as error:
+        parser.error(str(error))
+    for _ in range(max(1, args.rounds)):
+        if not run_round(args, overrides, log=lambda m: print(m, flush=True)) or args.plan:
+            break
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
