@@ -15,8 +15,9 @@ round's work folder first, so a round resumed on the same machine keeps its data
 Features: cached, bounded. A round's runs all read its chunk: the arms round's two runs, two
 epochs each at the defaults (1,600 steps x 4 sequences over 16 shards of ~200), read each
 cached feature four times, and the pilots (each its own round, same chunk) read them three
-times over: online features would pay the target's forward (the bigger half of a step on this
-CPU, with the top-32 the distillation needs) at every read. The cache of a chunk takes about
+times over: online features would pay the target's forward with the top-32 the distillation
+needs at every read, and on this CPU that is most of a step (2 layers, K = 1, one busy thread:
+1.99 s a step online against 0.37 s from the cache). The cache of a chunk takes about
 6 KB a token (16 shards ~ 6 GB), so `feature_cache_gb` (12) holds a chunk and the held-out
 set with room to spare; older rounds' shard caches are deleted least recently used first, so
 the folder never outgrows a normal disk, however large the store gets. Each run measures the
@@ -42,13 +43,18 @@ Stages:
           (dblast-k4 by its proxy), each to its own plateau (or `max_rounds`).
 Kept drafters are written in bfloat16 into --keep-dir (default recipes/smollm2/training/
 scaled-drafters/<arm>/), committed with the ledger and the logs after each round, and never
-shipped into dblast_ext/drafters/ by this script (a deeper drafter is over package.py's 25 MB
-embedded limit, and shipping waits for the evaluation against the 5x pair).
+shipped into dblast_ext/drafters/ by this script (shipping waits for the evaluation against the
+5x pair, and a 4-layer drafter, about 30 MiB in bfloat16, is over package.py's 25 MiB limit).
 
-Costs on the recipe's 2-core CPU (see recipes/smollm2/README.md): a chunk's feature pass is
-about 3 minutes a shard (16 shards ~ 50 minutes, paid once per chunk and machine), a pilot
-round `pilot_steps` steps at the step time of its depth, a base round `base_steps` steps, an
-arms round 2 x `arm_steps` steps.
+Costs on the recipe's 2-core CPU (recipes/smollm2/README.md has the measurements): a chunk's
+feature pass is about 3 minutes a shard (16 shards, ~0.92M tokens: ~50 minutes, once per chunk
+and machine); a step (cached features, batch 4 x 16 anchors, block 8, one thread beside two
+busy processes) took 0.37 s at 2 layers, 0.56 s at 3 and 0.64 s at 4, so the three pilots'
+7,200 steps in all take about 1.05 CPU-hours, and a pilot's measuring run
+about 80 s. `pilot_steps` 2,400: the 5x pilots' 200 steps could not tell 2 layers from 3, and
+the 5x base from scratch reached a proxy of 0.27 in 1,200 steps and 0.42 after 2,400 more; the
+shipped pair measured this way gave an interval about +-0.02 wide (4,067 paired blocks), under
+the ~0.03-0.06 gain a deeper drafter must show to pay for its cycle.
 
     python recipes/smollm2/train_drafters/train_scaled.py --plan      # the next round, as configs
     python recipes/smollm2/train_drafters/train_scaled.py             # the next round
