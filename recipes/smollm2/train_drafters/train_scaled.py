@@ -105,8 +105,8 @@ DEFAULT_SETTINGS = {
 def list_shards(store: str, scaled: str) -> list:
     """Every training shard there is now, as '5x/NAME' and 'scaled/NAME' (the held-out split is
     not among them): the 5x store's, then the scaled store's whole shards, each in name order."""
-    return ([f"5x/{name}" for name in train_round.store_shards(store)] +
-            [f"scaled/{os.path.basename(p)}" for p in sorted(glob.glob(os.path.join(scaled, "responses", SCALED_NAME)))])
+    grown = sorted(glob.glob(os.path.join(scaled, "responses", SCALED_NAME)))
+    return [f"5x/{name}" for name in train_round.store_shards(store)] + [f"scaled/{os.path.basename(p)}" for p in grown]
 
 
 def shard_path(name: str, store: str, scaled: str) -> str:
