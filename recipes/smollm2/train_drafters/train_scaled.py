@@ -44,7 +44,7 @@ Stages:
 Kept drafters are written in bfloat16 into --keep-dir (default recipes/smollm2/training/
 scaled-drafters/<arm>/), committed with the ledger and the logs after each round, and never
 shipped into dblast_ext/drafters/ by this script (shipping waits for the evaluation against the
-5x pair, and a 4-layer drafter, about 30 MiB in bfloat16, is over package.py's 25 MiB limit).
+5x pair; a 4-layer drafter, about 30 MiB in bfloat16, fits package.py's 50 MB limit).
 
 Costs on the recipe's 2-core CPU (recipes/smollm2/README.md has the measurements): a chunk's
 feature pass is about 3 minutes a shard (16 shards, ~0.92M tokens: ~50 minutes, once per chunk
