@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -8,6 +10,22 @@ from kernel_devices import device, parametrize_devices  # noqa: F401  (the `devi
 
 def pytest_generate_tests(metafunc):
     parametrize_devices(metafunc)  # cpu, and cuda / cuda-staged where a GPU exists
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_cost_cache(tmp_path_factory):
+    """The adaptive controller's cost cache (DBLAST_COST_CACHE) in a folder of this test session,
+    for commands the tests run in subprocesses too: tests neither read the costs an earlier run
+    learned on this machine nor leave theirs in the user's cache, so every session starts as a
+    fresh machine does. A test that compares two generations' tokens at T > 0 pins the depths
+    (controller off, or a cost table): learned costs move with the timings."""
+    before = os.environ.get("DBLAST_COST_CACHE")
+    os.environ["DBLAST_COST_CACHE"] = str(tmp_path_factory.mktemp("costs"))
+    yield
+    if before is None:
+        os.environ.pop("DBLAST_COST_CACHE", None)
+    else:
+        os.environ["DBLAST_COST_CACHE"] = before
 
 
 @pytest.fixture

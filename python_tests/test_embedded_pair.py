@@ -22,11 +22,12 @@ MATH_PROMPT = ("A bakery sells 24 muffins in the morning and twice as many in th
 
 
 @pytest.mark.parametrize("name", sorted(EMBEDDED_DRAFTERS))
-def test_embedded_drafters_ship_as_bf16_within_25_mb(name):
+def test_embedded_drafters_ship_as_bf16_within_50_mb(name):
+    """The wheel carries both drafters: each file under 50 MB (recipes' package.py refuses more)."""
     from safetensors import safe_open
 
     path = os.path.join(embedded_drafter_dir(name), "model.safetensors")
-    assert os.path.getsize(path) <= 25 * 1024 * 1024
+    assert os.path.getsize(path) <= 50 * 1000 * 1000
     with safe_open(path, framework="pt") as f:
         dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
     assert dtypes == {"BF16"}
