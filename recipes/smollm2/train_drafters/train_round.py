@@ -129,16 +129,23 @@ def check_setting_names(settings: dict, flag: str) -> None:
         raise ValueError(f"{flag}: unknown settings {unknown}; known: {sorted(DEFAULT_SETTINGS)}")
 
 
-def amend_settings(ledger: dict, changes: dict, why: str) -> dict:
-    """Changes the settings of an existing ledger from its next round on, and records what
-    changed (old and new values), from which round and why; returns that record."""
-    check_setting_names(changes, "--amend")
+def change_settings(ledger: dict, changes: dict, why: str, check_names) -> dict:
+    """A ledger's settings changed from its next round on (names checked by `check_names`, a
+    reason required): the record of old and new values, from which round and why."""
+    check_names(changes, "--amend")
     if not why.strip():
         raise ValueError("--amend needs --why: the ledger keeps the reason for every change")
     settings = ledger["settings"]
     record = {"from_round": len(ledger["rounds"]), "date": datetime.date.today().isoformat(), "why": why.strip(),
               "changes": {key: {"old": settings.get(key), "new": value} for key, value in sorted(changes.items())}}
     settings.update(changes)
+    return record
+
+
+def amend_settings(ledger: dict, changes: dict, why: str) -> dict:
+    """Changes the settings of an existing ledger from its next round on, and records what
+    changed (old and new values), from which round and why; returns that record."""
+    record = change_settings(ledger, changes, why, check_setting_names)
     if ledger["stage"] == "base" and base_is_done(ledger):  # e.g. max_base_rounds cut to the rounds already run
         ledger["stage"], ledger["arms_from_round"] = "arms", len(ledger["rounds"])
         record["stage"] = {"old": "base", "new": "arms"}
@@ -373,20 +380,32 @@ def main() -> int:
         ledger = read_json(args.ledger)
         if ledger is None:
             parser.error(f"--amend changes an existing ledger; {args.ledger} does not exist (use --settings)")
-        try:
-            record = amend_settings(ledger, json.loads(args.amend), args.why)
-        except ValueError as error:
-            parser.error(str(error))
-        write_json(args.ledger, ledger)
-        print(json.dumps(record, indent=1))
-        return 0
+        return write_amendment(parser, args, ledger, amend_settings)
+    return run_rounds(parser, args, check_setting_names, run_round)
+
+
+# the end of a campaign's command (this one's, and train_scaled.py's)
+def write_amendment(parser, args, ledger: dict, amend) -> int:
+    """--amend: `amend(ledger, change, why)` records the change, which is written and printed."""
+    try:
+        record = amend(ledger, json.loads(args.amend), args.why)
+    except ValueError as error:
+        parser.error(str(error))
+    write_json(args.ledger, ledger)
+    print(json.dumps(record, indent=1))
+    return 0
+
+
+def run_rounds(parser, args, check_names, run) -> int:
+    """Up to --rounds rounds of `run(args, overrides)` (one with --plan), stopping when it says
+    the campaign is done; --settings' names checked by `check_names` first."""
     overrides = json.loads(args.settings)
     try:
-        check_setting_names(overrides, "--settings")
+        check_names(overrides, "--settings")
     except ValueError as error:
         parser.error(str(error))
     for _ in range(max(1, args.rounds)):
-        if not run_round(args, overrides) or args.plan:
+        if not run(args, overrides) or args.plan:
             break
     return 0
 

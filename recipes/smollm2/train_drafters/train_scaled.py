@@ -228,13 +228,7 @@ def check_setting_names(settings: dict, flag: str) -> None:
 
 def amend_settings(ledger: dict, changes: dict, why: str) -> dict:
     """Changes the settings from the next round on; the ledger keeps old and new values and why."""
-    check_setting_names(changes, "--amend")
-    if not why.strip():
-        raise ValueError("--amend needs --why: the ledger keeps the reason for every change")
-    settings = ledger["settings"]
-    record = {"from_round": len(ledger["rounds"]), "date": datetime.date.today().isoformat(), "why": why.strip(),
-              "changes": {key: {"old": settings.get(key), "new": value} for key, value in sorted(changes.items())}}
-    settings.update(changes)
+    record = train_round.change_settings(ledger, changes, why, check_setting_names)
     ledger.setdefault("amended", []).append(record)
     return record
 
@@ -467,22 +461,9 @@ def main() -> int:
             choice = choose_from_logs(ledger, read_pilot_logs(ledger, args.logs))
             print("\n".join(choice["table"]) + f"\nchosen: {choice['layers']} layers")
             return 0
-        try:
-            record = amend_settings(ledger, json.loads(args.amend), args.why)
-        except ValueError as error:
-            parser.error(str(error))
-        write_json(args.ledger, ledger)
-        print(json.dumps(record, indent=1))
-        return 0
-    overrides = json.loads(args.settings)
-    try:
-        check_setting_names(overrides, "--settings")
-    except ValueError as error:
-        parser.error(str(error))
-    for _ in range(max(1, args.rounds)):
-        if not run_round(args, overrides, log=lambda m: print(m, flush=True)) or args.plan:
-            break
-    return 0
+        return train_round.write_amendment(parser, args, ledger, amend_settings)
+    return train_round.run_rounds(parser, args, check_setting_names,
+                                  lambda args, overrides: run_round(args, overrides, log=lambda m: print(m, flush=True)))
 
 
 if __name__ == "__main__":
