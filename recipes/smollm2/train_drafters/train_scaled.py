@@ -91,12 +91,12 @@ DEFAULT_SETTINGS = {
     "lr_scratch": 1e-3, "lr_continue": 3e-4, "tau": 0.1, "min_gain": 0.01, "max_rounds": 16, "max_base_rounds": 8,
     "feature_cache_gb": 12, "feature_scale_shards": 2, "bootstrap_samples": 10000, "bootstrap_seed": 0,
     # a decoding cycle's time per drafter depth (ms): what capacity_cost.py measured, with where and when
-    "cycle_ms": {"2": 165.0, "3": 168.0, "4": 171.0},
-    "cycle_cost_source": "recipes/smollm2/measure/capacity_cost.py, 2026-12-07, the recipe's 2-core Intel Xeon "
-                         "(no native bfloat16), dblast demo's fastest exact CPU settings, block 8, trie verify: "
-                         "2 -> 4 layers added about 6 ms to a ~165 ms cycle (0.06 target steps); 3 layers "
-                         "interpolated (each drafter layer costs the same). Rerun it on idle cores and --amend "
-                         "cycle_ms with the figures it prints.",
+    "cycle_ms": {"2": 43.85, "3": 44.8, "4": 45.9},
+    "cycle_cost_source": "recipes/smollm2/measure/capacity_cost.py on idle cores, 2026-12-07 13:15 UTC, Intel Xeon "
+                         "(native bfloat16: avx512_bf16, amx_bf16), 2 threads, bfloat16, dblast demo's fastest "
+                         "exact CPU settings (block 8, trie of 10 branch nodes + 4 leaves), controller off: the "
+                         "mean of two runs (recipes/smollm2/logs/capacity-cost-2026-12-07.log); a target-only "
+                         "step 32-33 ms, each drafter layer 1.2 ms. On another CPU rerun it and --amend cycle_ms.",
 }
 
 
