@@ -13,10 +13,7 @@ Timings: run it on idle cores (nothing else multi-threaded beside it).
 """
 import argparse
 import copy
-import subprocess
 import time
-
-import torch
 
 from cycle_profile import PhaseClock
 from measuring import encode_prompts, load_pair_at_cpu_fastest
@@ -34,13 +31,6 @@ def deeper(drafter, layers: int):
     return out
 
 
-def cpu_name() -> str:
-    flags = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("Model name")), "?")
-    native = "avx512_bf16" in flags or "amx_bf16" in flags
-    return f"{model} ({'native' if native else 'no native'} bfloat16)"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,6 +43,8 @@ def main() -> int:
         raise SystemExit(f"--rounds must be >= 2 (the first is a warm-up), got {args.rounds}")
 
     from dblast_ext.decoding import SamplingParams, SpeculativeDecoder
+    from dblast_ext.decoding.adaptive import machine_description
+    from dblast_ext.decoding.fastest_settings import cpu_has_native_bf16
     from dblast_ext.prompts import DEMO_PROMPTS
     from dblast_ext.target.loading import stop_token_ids
 
@@ -60,14 +52,15 @@ def main() -> int:
     sampling = SamplingParams(1.0, 20, 0.95)  # the demo's defaults
     stops = stop_token_ids(target, tokenizer)
     prompts = encode_prompts(tokenizer, DEMO_PROMPTS[:args.prompts])
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {cpu_name()}, {torch.get_num_threads()} "
-          f"threads, {settings.dtype}, block {settings.block_size}, {settings.draft_vocab} draft ids, trie of "
+    native = "native" if cpu_has_native_bf16() else "no native"
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {machine_description()} ({native} bfloat16), "
+          f"{settings.dtype}, block {settings.block_size}, {settings.draft_vocab} draft ids, trie of "
           f"{settings.max_tree_nodes} branch nodes + extra leaves, controller off, T 1.0 top-p 0.95 top-k 20, "
           f"{args.max_new_tokens} new tokens x {args.prompts} demo prompts x {args.rounds - 1} timed rounds",
           flush=True)
 
     clock = PhaseClock()
-    decoders, clocks = {}, {}
+    decoders = {}
     for layers in args.layers:
         drafter = deeper(shipped, layers)
         decoder = SpeculativeDecoder(target, drafter, verify=settings.verify, draft_vocab=settings.draft_vocab,

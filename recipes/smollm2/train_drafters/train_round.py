@@ -122,11 +122,12 @@ def new_ledger(store: str, settings: dict) -> dict:
             "rounds": []}
 
 
-def check_setting_names(settings: dict, flag: str) -> None:
-    """A ValueError naming `flag` when `settings` has a key the recipe does not know."""
-    unknown = sorted(set(settings) - set(DEFAULT_SETTINGS))
+def check_setting_names(settings: dict, flag: str, known: dict = DEFAULT_SETTINGS) -> None:
+    """A ValueError naming `flag` when `settings` has a key the campaign (`known`: its default
+    settings; this recipe's unless given) does not know."""
+    unknown = sorted(set(settings) - set(known))
     if unknown:
-        raise ValueError(f"{flag}: unknown settings {unknown}; known: {sorted(DEFAULT_SETTINGS)}")
+        raise ValueError(f"{flag}: unknown settings {unknown}; known: {sorted(known)}")
 
 
 def change_settings(ledger: dict, changes: dict, why: str, check_names) -> dict:
@@ -343,11 +344,13 @@ def relative_gain(run: dict) -> float:
 
 
 def train(config: dict, work: str, log) -> float:
+    """Runs `dblast train` on the config (written beside the run) in a fresh process of this
+    interpreter (no `dblast` on PATH needed); its seconds."""
     path = os.path.join(work, os.path.basename(config["out"]) + ".json")
     write_json(path, config)
     started = time.time()
     log(f"== train {os.path.basename(config['out'])} ({time.strftime('%H:%M:%S', time.gmtime())} UTC)")
-    subprocess.run(["dblast", "train", "--config", path, "--no-progress"], check=True)
+    subprocess.run([sys.executable, "-m", "dblast_ext.cli", "train", "--config", path, "--no-progress"], check=True)
     return round(time.time() - started, 1)
 
 

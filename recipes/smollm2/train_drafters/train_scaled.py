@@ -68,9 +68,7 @@ import glob
 import hashlib
 import json
 import os
-import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -221,9 +219,7 @@ def new_ledger(store: str, settings: dict) -> dict:
 
 
 def check_setting_names(settings: dict, flag: str) -> None:
-    unknown = sorted(set(settings) - set(DEFAULT_SETTINGS))
-    if unknown:
-        raise ValueError(f"{flag}: unknown settings {unknown}; known: {sorted(DEFAULT_SETTINGS)}")
+    train_round.check_setting_names(settings, flag, DEFAULT_SETTINGS)
 
 
 def amend_settings(ledger: dict, changes: dict, why: str) -> dict:
@@ -355,14 +351,7 @@ def read_pilot_logs(ledger: dict, logs: str) -> dict:
 
 # --- running a round -------------------------------------------------------------------------
 
-def train(config: dict, work: str, log) -> float:
-    """Runs `dblast train` on the config (written beside the run) in a fresh process; its seconds."""
-    path = os.path.join(work, os.path.basename(config["out"]) + ".json")
-    write_json(path, config)
-    started = time.time()
-    log(f"== train {os.path.basename(config['out'])} ({time.strftime('%H:%M:%S', time.gmtime())} UTC)")
-    subprocess.run([sys.executable, "-m", "dblast_ext.cli", "train", "--config", path, "--no-progress"], check=True)
-    return round(time.time() - started, 1)
+train = train_round.train  # `dblast train` on a config, in a fresh process
 
 
 def run_round(args, overrides: dict, log=print) -> bool:
