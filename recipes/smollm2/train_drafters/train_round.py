@@ -343,14 +343,21 @@ def relative_gain(run: dict) -> float:
     return (best - start) / start * (1 if SELECTION_MEASURES[measure] else -1)
 
 
+def dblast_command() -> list:
+    """This environment's `dblast` (beside this interpreter, so none on PATH is needed). Not
+    `python -m dblast_ext.cli` where the script exists: run from the repository's root, that
+    imports the source tree, which has no compiled library unless it was built in place."""
+    script = os.path.join(os.path.dirname(sys.executable), "dblast")
+    return [script] if os.path.isfile(script) else [sys.executable, "-m", "dblast_ext.cli"]
+
+
 def train(config: dict, work: str, log) -> float:
-    """Runs `dblast train` on the config (written beside the run) in a fresh process of this
-    interpreter (no `dblast` on PATH needed); its seconds."""
+    """Runs `dblast train` on the config (written beside the run) in a fresh process; its seconds."""
     path = os.path.join(work, os.path.basename(config["out"]) + ".json")
     write_json(path, config)
     started = time.time()
     log(f"== train {os.path.basename(config['out'])} ({time.strftime('%H:%M:%S', time.gmtime())} UTC)")
-    subprocess.run([sys.executable, "-m", "dblast_ext.cli", "train", "--config", path, "--no-progress"], check=True)
+    subprocess.run(dblast_command() + ["train", "--config", path, "--no-progress"], check=True)
     return round(time.time() - started, 1)
 
 
