@@ -1,6 +1,7 @@
 """recipes/smollm2/train_drafters/train_scaled.py: the scaled campaign's shards (a growing store,
 re-listed every round), the paired bootstrap of per-anchor proxies, the capacity choice rule,
-and a tiny end-to-end pilot stage (two depths, two steps each) on a tiny target."""
+and a tiny end-to-end pilot stage (two depths, two steps each) on a tiny target, with
+capacity_report.py's page of it."""
 import argparse
 import gzip
 import json
@@ -138,6 +139,16 @@ def test_a_choice_needs_every_pilot_s_cycle_time_and_the_same_anchors():
 # a tiny end-to-end pilot stage
 
 
+def report(args, out) -> str:
+    """capacity_report.py's page for the campaign in `args`, written to `out`."""
+    import subprocess
+    script = os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "train_drafters", "capacity_report.py")
+    subprocess.run([sys.executable, script, "--ledger", args.ledger, "--logs", args.logs, "--out", str(out)],
+                   check=True, cwd=out.parent)
+    assert (out / "proxy_over_steps.png").stat().st_size > 0
+    return (out / "README.md").read_text()
+
+
 def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path):
     pytest.importorskip("transformers")
     from test_training_feature_cache import write_tiny_world
@@ -160,6 +171,8 @@ def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path)
     assert run_round(args, settings, log=said.append)
     book = json.loads(open(args.ledger).read())
     assert book["stage"] == "pilots" and list(book["pilots"]) == ["1"] and book["choice"] is None
+    one = report(args, tmp_path / "page-1")
+    assert "| 1 | 2 |" in one and "100.0 ms" in one and "proxy_over_steps.png" in one and "## " not in one
     assert run_round(args, settings, log=said.append)
     book = json.loads(open(args.ledger).read())
     assert book["stage"] == "base" and sorted(book["pilots"]) == ["1", "2"]
@@ -171,6 +184,10 @@ def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path)
     assert choice["layers"] in (1, 2) and [(p["deeper"], p["shallower"]) for p in choice["pairs"]] == [(2, 1)]
     assert choice["table"][0].startswith("| pilot |") and any("L2 vs L1" in line for line in choice["table"])
     assert any("chosen" in message for message in said)
+    page = report(args, tmp_path / "page-2")
+    assert "## The campaign's choice" in page and f"**Chosen: {choice['layers']} layer" in page
+    assert all(line in page for line in choice["table"]) and "| 2 | 2 |" in page and "1.000x" in page
+    assert (tmp_path / "page-2" / "pair_gains.png").stat().st_size > 0
     plan = round_plan(book, list_shards(store, scaled), args.keep_dir)
     assert plan["stage"] == "base" and plan["runs"]["base"]["init"] is None   # the chosen depth from scratch
     assert plan["shards"] == book["pilot_shards"]   # pilots use no shard up: the first base reads their features
