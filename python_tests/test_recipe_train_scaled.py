@@ -162,7 +162,7 @@ def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path)
     write_shard(os.path.join(scaled, "responses", "00000-chat.jsonl.gz"), lines[:4])
     settings = {"target": target_dir, "mask_token_id": 2, "target_layer_ids": [1, 2], "block": 4,
                 "layers_choices": [1, 2], "pilot_steps": 2, "round_shards": 2, "batch_size": 2, "num_anchors": 4,
-                "eval_anchors": 6, "save_every": 2, "feature_cache_gb": 1, "bootstrap_samples": 200,
+                "eval_anchors": 6, "save_every": 2, "feature_cache_gb": 1, "bootstrap_samples": 200, "base_steps": 2,
                 "cycle_ms": {"1": 100.0, "2": 104.0}}
     args = argparse.Namespace(store=store, scaled=scaled, ledger=str(tmp_path / "scaled.json"),
                               logs=str(tmp_path / "logs"), work=str(tmp_path / "work"), keep_dir=str(tmp_path / "keep"),
@@ -189,5 +189,18 @@ def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path)
     assert all(line in page for line in choice["table"]) and "| 2 | 2 |" in page and "1.000x" in page
     assert (tmp_path / "page-2" / "pair_gains.png").stat().st_size > 0
     plan = round_plan(book, list_shards(store, scaled), args.keep_dir)
-    assert plan["stage"] == "base" and plan["runs"]["base"]["init"] is None   # the chosen depth from scratch
+    assert plan["stage"] == "base" and plan["runs"]["base"]["init"] is None   # no pilot at hand: from scratch
     assert plan["shards"] == book["pilot_shards"]   # pilots use no shard up: the first base reads their features
+    # where the pilots ran, the chosen one is kept as the first base, and the base goes on from it
+    plan = round_plan(book, list_shards(store, scaled), args.keep_dir, args.work)
+    pilot_round = [r["round"] for r in book["rounds"] if f"pilot-L{choice['layers']}" in r["runs"]][0]
+    assert plan["runs"]["base"] == {"kind": "base", "init": os.path.join(args.keep_dir, "dflash-k1"), "keep_first": {
+        "drafter": os.path.join(args.work, f"round-{pilot_round:02d}", f"pilot-L{choice['layers']}", "final"),
+        "round": pilot_round}}
+    assert run_round(args, settings, log=said.append)
+    book = json.loads(open(args.ledger).read())
+    base = book["rounds"][-1]
+    assert base["stage"] == "base" and base["base_from_pilot"] == f"pilot-L{choice['layers']} of round {pilot_round}"
+    assert base["runs"]["base"]["init"] == "dflash-k1" and base["runs"]["base"]["steps"] == 2
+    assert book["kept"]["dflash-k1"] in (pilot_round, base["round"])   # the pilot, or the base where it improved
+    assert os.path.isfile(os.path.join(args.keep_dir, "dflash-k1", "config.json"))

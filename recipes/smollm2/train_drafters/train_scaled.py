@@ -35,9 +35,10 @@ Stages:
           recipes/smollm2/measure/capacity_cost.py; speed ~ (1 + accepted) / cycle, so a deeper
           pilot pays when its mean gain exceeds (1 + the shallower's proxy) * (its cycle / the
           shallower's - 1)); else the shallowest. The table of why goes into the ledger and the log.
-  base    K = 1 at the chosen depth, NLL with distillation, from scratch first, then from the
-          campaign's kept dflash-k1; `base_steps` steps; kept when its held-out loss fell; done
-          when a round gains less than `min_gain` or after `max_base_rounds` rounds.
+  base    K = 1 at the chosen depth, NLL with distillation, from the campaign's kept dflash-k1:
+          first the chosen pilot, kept as it is (from scratch where this machine lacks it);
+          `base_steps` steps; kept when its held-out loss fell; done when a round gains less than
+          `min_gain` or after `max_base_rounds` rounds.
   arms    dflash-k1 (NLL with distillation) and dblast-k4 (K = 4 head, accepted-length surrogate)
           from that base, the same chunk and `arm_steps` steps each; each kept when it improved
           (dblast-k4 by its proxy), each to its own plateau (or `max_rounds`).
@@ -229,9 +230,23 @@ def amend_settings(ledger: dict, changes: dict, why: str) -> dict:
     return record
 
 
-def round_plan(ledger: dict, names: list, keep_dir: str) -> dict:
+def chosen_pilot(ledger: dict, work: str):
+    """(the chosen depth's pilot drafter, the round that trained it), the drafter None where this
+    machine's `work` folder does not have it (another machine ran the pilots)."""
+    depth = ledger["choice"]["layers"]
+    for record in ledger["rounds"]:
+        if record["stage"] == "pilots" and f"pilot-L{depth}" in record["runs"]:
+            final = os.path.join(work, f"round-{record['round']:02d}", f"pilot-L{depth}", "final")
+            return (final if os.path.isdir(final) else None), record["round"]
+    return None, None
+
+
+def round_plan(ledger: dict, names: list, keep_dir: str, work: str = None) -> dict:
     """The next round: its index, stage, shards and runs (name -> how; `init`: where a run starts,
-    None from scratch)."""
+    None from scratch). While no base is kept, the chosen depth's pilot (where `work`, the
+    campaign's scratch folder, still has it) is kept as the first one (`keep_first`) and the base
+    goes on from it: the pilot already trained that depth from scratch on the same chunk, and a
+    second run from scratch would only repeat it."""
     s, stage, index = ledger["settings"], ledger["stage"], len(ledger["rounds"])
     runs = {}
     if stage == "pilots":
@@ -243,7 +258,10 @@ def round_plan(ledger: dict, names: list, keep_dir: str) -> dict:
         shards = pick_chunk(names, shard_uses(ledger), s["round_shards"])
         if stage == "base":
             kept = ledger["kept"]["dflash-k1"] is not None
-            runs["base"] = {"kind": "base", "init": os.path.join(keep_dir, "dflash-k1") if kept else None}
+            pilot, pilot_round = (None, None) if kept or work is None else chosen_pilot(ledger, work)
+            runs["base"] = {"kind": "base", "init": os.path.join(keep_dir, "dflash-k1") if kept or pilot else None}
+            if pilot:
+                runs["base"]["keep_first"] = {"drafter": pilot, "round": pilot_round}
         elif stage == "arms":
             for arm in ARMS:
                 if arm not in ledger["done"]:
@@ -361,7 +379,7 @@ def run_round(args, overrides: dict, log=print) -> bool:
         log("the campaign is done: both arms at their plateau or their max_rounds")
         return False
     names = list_shards(args.store, args.scaled)
-    plan = round_plan(ledger, names, args.keep_dir)
+    plan = round_plan(ledger, names, args.keep_dir, args.work)
     work = os.path.join(args.work, f"round-{plan['round']:02d}")
     kept_plan = read_json(os.path.join(work, "plan.json"))
     if kept_plan is not None and not args.plan:   # an interrupted round goes on with its own data
@@ -385,6 +403,12 @@ def run_round(args, overrides: dict, log=print) -> bool:
         f"{seqs} sequences, {responses} response tokens, {total} tokens")
     record = {"round": plan["round"], "stage": plan["stage"], "shards": plan["shards"],
               "date": datetime.date.today().isoformat(), "listing": listing, "runs": {}}
+    pilot = plan["runs"].get("base", {}).get("keep_first")
+    if pilot:   # the chosen pilot becomes the campaign's first kept base; this round goes on from it
+        package(pilot["drafter"], "dflash-k1", os.path.join(args.keep_dir, "dflash-k1"), limit_bytes=None)
+        ledger["kept"]["dflash-k1"] = pilot["round"]
+        record["base_from_pilot"] = f"pilot-L{ledger['choice']['layers']} of round {pilot['round']}"
+        log(f"== the chosen pilot ({record['base_from_pilot']}) is kept as the first dflash-k1")
     pilot_logs = {}
     for name, config in configs.items():
         seconds = train(config, work, log)
