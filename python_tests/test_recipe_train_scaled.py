@@ -197,6 +197,7 @@ def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path)
     assert plan["runs"]["base"] == {"kind": "base", "init": os.path.join(args.keep_dir, "dflash-k1"), "keep_first": {
         "drafter": os.path.join(args.work, f"round-{pilot_round:02d}", f"pilot-L{choice['layers']}", "final"),
         "round": pilot_round}}
+    assert set(plan["shards"]).isdisjoint(book["pilot_shards"])   # it goes on from the pilot on new data
     assert run_round(args, settings, log=said.append)
     book = json.loads(open(args.ledger).read())
     base = book["rounds"][-1]

@@ -7,8 +7,8 @@ Data. At the start of every round the shards are listed again: the 5x store's
 (data/responses/{math,code,chat}-NNN.jsonl.gz) and the scaled store's (data/scaled/responses/
 NNNNN-kind.jsonl.gz, which appear only when whole), so shards made since the last round are
 used. The held-out split is the 5x store's heldout.jsonl.gz for every run. A round trains on a
-chunk of `round_shards` shards: those the campaign has trained on the fewest times (pilots do
-not count), ties broken by a hash of the name (a fixed pseudo-random order, so each chunk mixes
+chunk of `round_shards` shards: those the campaign has trained on the fewest times (the
+pilots' chunk counts once when the base grows from the chosen pilot), ties broken by a hash of the name (a fixed pseudo-random order, so each chunk mixes
 the stores and kinds and new shards come in with the unused ones). The chunk is written to the
 round's work folder first, so a round resumed on the same machine keeps its data.
 
@@ -113,9 +113,14 @@ def shard_path(name: str, store: str, scaled: str) -> str:
     return os.path.join({"5x": store, "scaled": scaled}[where], "responses", file)
 
 
-def shard_uses(ledger: dict) -> dict:
-    """How many training rounds (pilots aside) each shard has been in."""
+def shard_uses(ledger: dict, pilot_grown: bool = False) -> dict:
+    """How many training rounds each shard has been in. The pilots' chunk counts once where the
+    campaign's base grew from the chosen pilot (`pilot_grown`, or a round that says so), else
+    not at all (a base from scratch then reads it first, its features cached already)."""
     uses = {}
+    pilot_grown = pilot_grown or any(record.get("base_from_pilot") for record in ledger["rounds"])
+    for name in (ledger["pilot_shards"] or []) if pilot_grown else []:
+        uses[name] = 1
     for record in ledger["rounds"]:
         if record["stage"] != "pilots":
             for name in record["shards"]:
@@ -245,8 +250,8 @@ def round_plan(ledger: dict, names: list, keep_dir: str, work: str = None) -> di
     """The next round: its index, stage, shards and runs (name -> how; `init`: where a run starts,
     None from scratch). While no base is kept, the chosen depth's pilot (where `work`, the
     campaign's scratch folder, still has it) is kept as the first one (`keep_first`) and the base
-    goes on from it: the pilot already trained that depth from scratch on the same chunk, and a
-    second run from scratch would only repeat it."""
+    goes on from it on a chunk of its own: the pilot already trained that depth from scratch on
+    its chunk (three epochs at the defaults), and a second run from scratch would repeat it."""
     s, stage, index = ledger["settings"], ledger["stage"], len(ledger["rounds"])
     runs = {}
     if stage == "pilots":
@@ -255,10 +260,12 @@ def round_plan(ledger: dict, names: list, keep_dir: str, work: str = None) -> di
         runs[f"pilot-L{layers}"] = {"kind": "pilot", "layers": layers, "init": None}
         runs[f"measure-L{layers}"] = {"kind": "measure", "layers": layers, "of": f"pilot-L{layers}"}
     else:
-        shards = pick_chunk(names, shard_uses(ledger), s["round_shards"])
+        kept = ledger["kept"]["dflash-k1"] is not None
+        pilot, pilot_round = (None, None)
+        if stage == "base" and not kept and work is not None:
+            pilot, pilot_round = chosen_pilot(ledger, work)
+        shards = pick_chunk(names, shard_uses(ledger, pilot_grown=pilot is not None), s["round_shards"])
         if stage == "base":
-            kept = ledger["kept"]["dflash-k1"] is not None
-            pilot, pilot_round = (None, None) if kept or work is None else chosen_pilot(ledger, work)
             runs["base"] = {"kind": "base", "init": os.path.join(keep_dir, "dflash-k1") if kept or pilot else None}
             if pilot:
                 runs["base"]["keep_first"] = {"drafter": pilot, "round": pilot_round}
