@@ -172,7 +172,7 @@ def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path)
     book = json.loads(open(args.ledger).read())
     assert book["stage"] == "pilots" and list(book["pilots"]) == ["1"] and book["choice"] is None
     one = report(args, tmp_path / "page-1")
-    assert "| 1 | 2 |" in one and "100.0 ms" in one and "proxy_over_steps.png" in one and "## " not in one
+    assert "| 1 | 2 | 0." in one and "100.0 ms" in one and "proxy_over_steps.png" in one and "## " not in one
     assert run_round(args, settings, log=said.append)
     book = json.loads(open(args.ledger).read())
     assert book["stage"] == "base" and sorted(book["pilots"]) == ["1", "2"]
@@ -186,7 +186,7 @@ def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path)
     assert any("chosen" in message for message in said)
     page = report(args, tmp_path / "page-2")
     assert "## The campaign's choice" in page and f"**Chosen: {choice['layers']} layer" in page
-    assert all(line in page for line in choice["table"]) and "| 2 | 2 |" in page and "1.000x" in page
+    assert all(line in page for line in choice["table"]) and "| 2 | 2 | 0." in page and "1.000x" in page
     assert (tmp_path / "page-2" / "pair_gains.png").stat().st_size > 0
     plan = round_plan(book, list_shards(store, scaled), args.keep_dir)
     assert plan["stage"] == "base" and plan["runs"]["base"]["init"] is None   # no pilot at hand: from scratch

@@ -36,9 +36,11 @@ def pilot_rounds(ledger: dict) -> dict:
     return found
 
 
-def eval_log(logs: str, run: str) -> list:
-    """A run's held-out evaluations, as train_scaled.py copied them into the logs."""
-    return [entry for _, entry in read_jsonl(os.path.join(logs, f"{run}-eval_log.jsonl"), f"{run} eval log")]
+def run_log(logs: str, run: str, kind: str = "eval") -> list:
+    """A run's held-out evaluations ("eval") or training steps ("train"), as train_scaled.py
+    copied them into the logs."""
+    path = os.path.join(logs, f"{run}-{kind}_log.jsonl")
+    return [entry for _, entry in read_jsonl(path, f"{run} {kind} log")]
 
 
 def pilot_rows(ledger: dict, logs: str) -> list:
@@ -47,10 +49,12 @@ def pilot_rows(ledger: dict, logs: str) -> list:
     rows = []
     for depth in sorted(int(d) for d in ledger["pilots"]):
         measured, prefix = ledger["pilots"][str(depth)], f"round-{rounds[depth]:02d}"
-        alone = eval_log(logs, f"{prefix}-measure-L{depth}")[0]
-        curve = eval_log(logs, f"{prefix}-pilot-L{depth}")
+        alone = run_log(logs, f"{prefix}-measure-L{depth}")[0]
+        curve = run_log(logs, f"{prefix}-pilot-L{depth}")
+        steps = sorted(e["seconds"] for e in run_log(logs, f"{prefix}-pilot-L{depth}", "train") if "seconds" in e)
         rows.append({"layers": depth, "round": rounds[depth], "steps": measured["pilot_steps"],
                      "seconds": measured["pilot_seconds"], "blocks": measured["blocks"],
+                     "step_seconds": steps[len(steps) // 2] if steps else None,
                      "proxy": alone["accepted_proxy"], "first_draft": alone["top1_agreement"][0],
                      "cycle_ms": cycle.get(depth), "curve": [(e["step"], e["accepted_proxy"]) for e in curve]})
     shallowest = rows[0] if rows and rows[0]["cycle_ms"] else None
@@ -113,14 +117,17 @@ def page(ledger: dict, rows: list, choice, final: bool, note: str) -> str:
         f"seed 0, on the same {len(shards)} shards; then measured alone on the held-out split with {s['eval_anchors']} "
         "anchors a sequence, the same anchors for every depth, so their per-anchor proxies pair. The proxy is the "
         "expected number of drafts a verify accepts (one branch); a cycle commits about 1 + proxy tokens.", "",
-        "| layers | steps | training time | held-out proxy | first-draft agreement | cycle | speed vs the shallowest |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        "| layers | steps | a step (median) | run | held-out proxy | first-draft agreement | cycle | speed vs the shallowest |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         cycle = f"{r['cycle_ms']:.1f} ms" if r["cycle_ms"] else "not measured"
         speed = f"{r['speed']:.3f}x" if "speed" in r else "-"
-        lines.append(f"| {r['layers']} | {r['steps']} | {duration(r['seconds'])} | {r['proxy']:.4f} "
+        step = f"{r['step_seconds']:.2f} s" if r["step_seconds"] else "-"
+        lines.append(f"| {r['layers']} | {r['steps']} | {step} | {duration(r['seconds'])} | {r['proxy']:.4f} "
                      f"| {100 * r['first_draft']:.1f}% | {cycle} | {speed} |")
-    lines += ["", f"Cycle times: {s.get('cycle_cost_source', 'the ledger settings cycle_ms')}", "",
+    lines += ["", "A step's time is the median of the logged steps (cached features); a run's time includes its "
+              "start-up and held-out evaluations, and the first pilot's the chunk's feature pass as well. "
+              f"Cycle times: {s.get('cycle_cost_source', 'the ledger settings cycle_ms')}", "",
               "![held-out proxy over training steps](proxy_over_steps.png)", ""]
     if choice is not None:
         status = ("The campaign's choice" if final else
