@@ -135,6 +135,19 @@ def test_a_choice_needs_every_pilot_s_cycle_time_and_the_same_anchors():
         paired_anchors(one, dict(other, anchor=[2, 5, 4]))
 
 
+def test_a_round_that_goes_on_from_a_kept_drafter_this_machine_lacks_stops_and_names_it(tmp_path):
+    store, scaled = stores(tmp_path)
+    book = new_ledger(store, {**DEFAULT_SETTINGS, "round_shards": 2})
+    book.update(stage="base", choice={"layers": 2}, kept={"dflash-k1": 3, "dblast-k4": None})
+    (tmp_path / "scaled.json").write_text(json.dumps(book))
+    args = argparse.Namespace(store=store, scaled=scaled, ledger=str(tmp_path / "scaled.json"),
+                              logs=str(tmp_path / "logs"), work=str(tmp_path / "work"),
+                              keep_dir=str(tmp_path / "kept"), plan=False)
+    with pytest.raises(SystemExit, match=r"kept drafter .*kept/dflash-k1 .*not on this machine .*in round 3"):
+        run_round(args, {})
+    assert not (tmp_path / "work").exists()   # stopped before it wrote anything
+
+
 # ---------------------------------------------------------------------------------------------
 # a tiny end-to-end pilot stage
 

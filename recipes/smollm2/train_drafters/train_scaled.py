@@ -42,8 +42,8 @@ Stages:
   arms    dflash-k1 (NLL with distillation) and dblast-k4 (K = 4 head, accepted-length surrogate)
           from that base, the same chunk and `arm_steps` steps each; each kept when it improved
           (dblast-k4 by its proxy), each to its own plateau (or `max_rounds`).
-Kept drafters are written in bfloat16 into --keep-dir (default recipes/smollm2/training/
-scaled-drafters/<arm>/), committed with the ledger and the logs after each round, and never
+Kept drafters are written in bfloat16 into --keep-dir (default runs/smollm2-scaled/kept/<arm>/),
+on the machine that trains them: model weights are committed only when they ship, and never
 shipped into dblast_ext/drafters/ by this script (shipping waits for the evaluation against the
 5x pair; a 4-layer drafter, about 30 MiB in bfloat16, fits package.py's 50 MB limit).
 
@@ -402,6 +402,12 @@ def run_round(args, overrides: dict, log=print) -> bool:
     if args.plan:
         print(json.dumps({"plan": plan, "listing": listing, "configs": configs}, indent=1))
         return True
+    missing = [run for run in plan["runs"].values()
+               if run.get("init") and not os.path.isdir(run["init"]) and "keep_first" not in run]
+    if missing:
+        sys.exit(f"the kept drafter {missing[0]['init']} that round {plan['round']} goes on from is not on this "
+                 f"machine (the ledger kept it in round {ledger['kept'][os.path.basename(missing[0]['init'])]}; "
+                 "kept drafters stay where they were trained): run the campaign there, or copy that folder here")
     os.makedirs(work, exist_ok=True)
     write_json(os.path.join(work, "plan.json"), plan)
     seqs, responses, total = train_round.chunk_size(paths["data"])
@@ -462,8 +468,9 @@ def main() -> int:
     parser.add_argument("--ledger", default=here(RECIPE, "training", "scaled.json"))
     parser.add_argument("--logs", default=here(RECIPE, "logs", "scaled"), help="where the runs' logs are kept")
     parser.add_argument("--work", default=here(ROOT, "runs", "smollm2-scaled"), help="scratch: runs, features")
-    parser.add_argument("--keep-dir", default=here(RECIPE, "training", "scaled-drafters"),
-                        help="where the campaign's improved drafters are kept (bfloat16), one folder per arm")
+    parser.add_argument("--keep-dir", default=here(ROOT, "runs", "smollm2-scaled", "kept"),
+                        help="where the campaign's improved drafters are kept (bfloat16), one folder per arm "
+                             "(not committed: weights are committed only when they ship)")
     parser.add_argument("--settings", default="{}", help="JSON overrides of the settings of a NEW ledger")
     parser.add_argument("--plan", action="store_true", help="print the next round's plan and stop")
     parser.add_argument("--choose", action="store_true", help="print the pilots' choice table (from the logs)")
