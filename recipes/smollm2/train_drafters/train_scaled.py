@@ -395,7 +395,7 @@ def run_round(args, overrides: dict, log=print) -> bool:
              "heldout": shard_path(ledger["heldout"], args.store, args.scaled)}
     features = os.path.join(args.work, "features")
     configs = {name: run_config(ledger, plan, name, run, paths, work, features) for name, run in plan["runs"].items()}
-    uses = shard_uses(ledger)
+    uses = shard_uses(ledger, pilot_grown="keep_first" in plan["runs"].get("base", {}))
     listing = {"shards": len(names), "5x": sum(n.startswith("5x/") for n in names),
                "scaled": sum(n.startswith("scaled/") for n in names),
                "never_trained_on": sum(1 for n in names if n not in uses)}
