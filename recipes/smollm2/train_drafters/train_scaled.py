@@ -8,8 +8,9 @@ Data. At the start of every round the shards are listed again: the 5x store's
 NNNNN-kind.jsonl.gz, which appear only when whole), so shards made since the last round are
 used. The held-out split is the 5x store's heldout.jsonl.gz for every run. A round trains on a
 chunk of `round_shards` shards: those the campaign has trained on the fewest times (the
-pilots' chunk counts once when the base grows from the chosen pilot), ties broken by a hash of the name (a fixed pseudo-random order, so each chunk mixes
-the stores and kinds and new shards come in with the unused ones). The chunk is written to the
+pilots' chunk counts once when the base grows from the chosen pilot), ties broken by a hash of
+the name (a fixed pseudo-random order, so each chunk mixes the stores and kinds and new shards
+come in with the unused ones). The chunk is written to the
 round's work folder first, so a round resumed on the same machine keeps its data.
 
 Features: cached, bounded. A round's runs all read its chunk: the arms round's two runs, two
