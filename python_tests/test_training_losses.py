@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from dblast_ext.training.losses import (accepted_length_surrogate, decay_weights, distillation_loss,
+from dblast_ext.training.losses import (CPU_CHUNK_LOGITS, GPU_CHUNK_ROWS, accepted_length_surrogate,
+                                        auto_chunk_rows, autocast_lm_head, decay_weights, distillation_loss,
                                         flat_step_weights, gather_branch_logprobs, nll_independent, nll_mixture)
 from peak_memory import peak_extra_bytes
 
@@ -340,3 +341,38 @@ def test_the_fused_label_log_softmax_has_the_exact_gradient_with_repeated_ids():
     ids[0, 0] = torch.tensor([4, 4, 4, 1, 0])   # the label among the target's top-k: a repeated id
     torch.testing.assert_close(_PickedLogSoftmax.apply(logits, ids), torch.log_softmax(logits, -1).gather(-1, ids))
     assert torch.autograd.gradcheck(lambda x: _PickedLogSoftmax.apply(x, ids), (logits,))
+
+
+def test_the_chunk_left_to_the_device_keeps_a_cpu_chunk_under_the_logit_budget_and_the_values():
+    assert auto_chunk_rows(torch.device("cpu"), 4, 49152) == CPU_CHUNK_LOGITS // (4 * 49152) == 21
+    assert auto_chunk_rows(torch.device("cpu"), 1, 10 ** 8) == 1
+    assert auto_chunk_rows(torch.device("cuda"), 4, 49152) == GPU_CHUNK_ROWS
+    g = torch.Generator().manual_seed(2)
+    H, V, K = 16, CPU_CHUNK_LOGITS // 40, 4   # 10 rows a chunk on a CPU, 64 rows in all
+    hidden = torch.randn(64, H, generator=g)
+    lm_head = torch.randn(V, H, generator=g) / 4
+    ids = torch.randint(0, V, (64, 3), generator=g)
+    ew, eb = torch.randn(K * H, H, generator=g) * 0.2, torch.randn(K * H, generator=g) * 0.1
+    assert auto_chunk_rows(hidden.device, K, V) == 10
+    assert torch.equal(gather_branch_logprobs(hidden, lm_head, ids, ew, eb),
+                       gather_branch_logprobs(hidden, lm_head, ids, ew, eb, chunk_size=64))
+
+
+def test_a_frozen_lm_head_is_cast_once_for_autocast_with_autocasts_own_values():
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(2, 5, 16, generator=g, requires_grad=True)
+    lm_head = torch.randn(50, 16, generator=g) / 4
+    ids = torch.randint(0, 50, (2, 5, 4), generator=g)
+    assert autocast_lm_head(lm_head) is lm_head   # no autocast: as it is
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = autocast_lm_head(lm_head)
+        assert cast.dtype == torch.bfloat16 and torch.equal(cast, lm_head.to(torch.bfloat16))
+        assert autocast_lm_head(lm_head) is cast   # once, not at every call
+        got = gather_branch_logprobs(hidden, lm_head, ids)   # what autocast's own cast computes
+        assert torch.equal(got, gather_branch_logprobs(hidden, lm_head.to(torch.bfloat16), ids))
+        want = torch.stack([direct_logprobs(hidden, lm_head, ids[..., j], None, None) for j in range(4)], -1)
+        torch.testing.assert_close(got, want.float(), rtol=0, atol=5e-2)   # bfloat16 logits
+        lm_head.mul_(2)   # changed in place: cast again
+        assert torch.equal(autocast_lm_head(lm_head), lm_head.to(torch.bfloat16))
+        trained = lm_head.clone().requires_grad_()
+        assert autocast_lm_head(trained) is trained   # a trained head: autocast's own cache

@@ -25,7 +25,9 @@
       "eval_at_start": false,                # with eval_data: the held-out loss of the drafter before
                                              # step 1 too (step 0 of eval_log.jsonl): what a run from
                                              # init_from must beat; with max_steps 0 it only measures
-      "save_every": 200, "log_every": 10, "seed": 0, "chunk_size": 1024,
+      "save_every": 200, "log_every": 10, "seed": 0,
+      "chunk_size": null,                    # LM-head rows at a time in the loss (null: by device,
+                                             # losses.auto_chunk_rows; the values do not depend on it)
       "recompute_logits": true,              # false: keep label logits for backward (faster, more memory)
       "device": null, "dtype": "auto",
       "feature_cache": "runs/features",      # optional: target features computed once per data file
@@ -85,7 +87,7 @@ class TrainConfig:
     save_every: int = 200
     log_every: int = 10
     seed: int = 0
-    chunk_size: int = 1024
+    chunk_size: Optional[int] = None
     recompute_logits: bool = True
     device: Optional[str] = None
     dtype: str = "auto"
@@ -190,7 +192,8 @@ def validate(c: TrainConfig, flags: Optional[Dict[str, str]] = None) -> TrainCon
         return (flags or {}).get(key) or f"training config: {key}"
 
     for key in ("num_anchors", "batch_size", "grad_accum", "epochs", "save_every", "log_every", "chunk_size"):
-        _positive(name(key), getattr(c, key))
+        if key != "chunk_size" or c.chunk_size is not None:
+            _positive(name(key), getattr(c, key))
     if not isinstance(c.eval_at_start, bool):
         raise ValueError(f"training config: eval_at_start must be true or false, got {c.eval_at_start!r}")
     if c.eval_at_start and not c.eval_data:

@@ -123,7 +123,7 @@ def target_features(target: TargetAdapter, batch: Batch) -> torch.Tensor:
 
 def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, objective: str, num_anchors: int,
                generator: torch.Generator, tau: float = 0.1, al_variant: str = "all_prefixes",
-               position_weights: Optional[torch.Tensor] = None, chunk_size: int = 1024,
+               position_weights: Optional[torch.Tensor] = None, chunk_size: Optional[int] = None,
                features: Optional[torch.Tensor] = None, recompute_logits: bool = True, distill_weight: float = 0.0,
                teacher: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
                agreement: bool = False, selector_weight: float = 1.0, per_block: bool = False) \

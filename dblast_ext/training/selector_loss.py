@@ -14,18 +14,20 @@ import torch
 import torch.nn.functional as F
 
 from ..drafting.dflash2 import CandidateSelector
+from .losses import auto_chunk_rows
 
 __all__ = ["selector_candidates", "selector_scores", "selector_loss"]
 
 
 @torch.no_grad()
 def selector_candidates(hidden: torch.Tensor, lm_head_weight: torch.Tensor, vocab_size: int, top_k: int,
-                        labels: torch.Tensor, chunk_size: int = 1024) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        labels: torch.Tensor, chunk_size: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """hidden [R, H] (normed draft positions), labels [R]: the candidates [R, k] (top-k of the
     logits, likeliest first, the label in the last slot where it is missing), their logits [R, k]
     and the label's slot [R]."""
     weight = lm_head_weight[:vocab_size]
     k = min(top_k, vocab_size)
+    chunk_size = chunk_size or auto_chunk_rows(hidden.device, 1, vocab_size)
     unary, candidates = [], []
     for start in range(0, hidden.shape[0], chunk_size):
         logits = hidden[start:start + chunk_size].to(weight.dtype) @ weight.T
@@ -53,7 +55,7 @@ def selector_scores(selector: CandidateSelector, hidden: torch.Tensor, previous:
 
 def selector_loss(selector: CandidateSelector, hidden: torch.Tensor, previous: torch.Tensor, labels: torch.Tensor,
                   mask: torch.Tensor, lm_head_weight: torch.Tensor, vocab_size: int,
-                  position_weights: Optional[torch.Tensor] = None, chunk_size: int = 1024) -> torch.Tensor:
+                  position_weights: Optional[torch.Tensor] = None, chunk_size: Optional[int] = None) -> torch.Tensor:
     """The weighted mean cross-entropy of the selector over the masked draft positions: hidden
     [B, b, H], previous / labels / mask [B, b], position_weights [b] (None: uniform)."""
     rows, num_draft = labels.shape
