@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "train_drafters"))
-from train_scaled import (DEFAULT_SETTINGS, choose_depth, conclude, list_shards, new_ledger,  # noqa: E402
-                          paired_anchors, paired_bootstrap, pick_chunk, round_plan, run_round)
+from train_scaled import (DEFAULT_SETTINGS, amend_settings, choose_depth, conclude, list_shards,  # noqa: E402
+                          new_ledger, paired_anchors, paired_bootstrap, pick_chunk, round_plan, run_config,
+                          run_round)
 
 
 def write_shard(path, records):
@@ -146,6 +147,22 @@ def test_a_round_that_goes_on_from_a_kept_drafter_this_machine_lacks_stops_and_n
     with pytest.raises(SystemExit, match=r"kept drafter .*kept/dflash-k1 .*not on this machine .*in round 3"):
         run_round(args, {})
     assert not (tmp_path / "work").exists()   # stopped before it wrote anything
+
+
+def test_the_target_dtype_setting_reaches_every_run_and_an_older_ledger_keeps_auto(tmp_path):
+    store, scaled = stores(tmp_path)
+    book = new_ledger(store, {**DEFAULT_SETTINGS, "round_shards": 2})
+    plan = round_plan(book, list_shards(store, scaled), str(tmp_path / "kept"))
+    paths = {"data": ["a.jsonl.gz", "b.jsonl.gz"], "heldout": "heldout.jsonl.gz"}
+
+    def dtypes():
+        return {run_config(book, plan, name, run, paths, "work", "features")["dtype"] for name, run in plan["runs"].items()}
+
+    assert len(plan["runs"]) == 2 and dtypes() == {"auto"}
+    record = amend_settings(book, {"target_dtype": "bfloat16"}, "a feature pass 2x as fast")
+    assert record["changes"] == {"target_dtype": {"old": "auto", "new": "bfloat16"}} and dtypes() == {"bfloat16"}
+    del book["settings"]["target_dtype"]   # a ledger written before the setting existed
+    assert dtypes() == {"auto"}
 
 
 # ---------------------------------------------------------------------------------------------

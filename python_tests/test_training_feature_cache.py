@@ -160,6 +160,20 @@ def test_cache_is_reused_and_rebuilt_when_the_data_changes(world, tmp_path):
     assert not torch.allclose(other.record(0), first.record(0))
 
 
+def test_a_bfloat16_target_has_its_own_cache_beside_the_float32_one(world, tmp_path):
+    model, target, records, first = fresh_cache(world, tmp_path)
+    _, target_dir, data = world
+    stamp = os.stat(first.path).st_mtime_ns
+    half = TargetAdapter(load_target(target_dir, device="cpu", dtype="bfloat16")[0], [1])
+    second = FeatureCache.open_or_build(str(tmp_path), records, data, target_dir, half, progress=False)
+    assert second.path == first.path.replace(".safetensors", "-bfloat16.safetensors")
+    with safe_open(second.path, framework="pt") as f:
+        assert f.metadata()["dtype"] == "bfloat16"
+    again = FeatureCache.open_or_build(str(tmp_path), records, data, target_dir, target, progress=False)
+    assert again.path == first.path and os.stat(again.path).st_mtime_ns == stamp   # the float32 one, untouched
+    torch.testing.assert_close(second.record(3).float(), first.record(3).float(), rtol=0.1, atol=0.1)
+
+
 def test_new_target_weights_in_the_same_directory_rebuild_the_cache(world, tmp_path):
     _, target_dir, data = world
     target_copy = tmp_path / "target"

@@ -252,7 +252,9 @@ class FeatureCache(_PaddedBatches):
         stem = os.path.basename(data_path)
         for suffix in (".gz", ".jsonl"):
             stem = stem[: -len(suffix)] if stem.endswith(suffix) else stem
-        name = f"{stem}-{key['data_sha256'][:12]}-L{key['layer_ids'].replace(',', '_')}.safetensors"
+        # another compute dtype another file (float32's keep their names), so caches of both coexist
+        precision = "" if dtype == torch.float32 else f"-{key['dtype']}"
+        name = f"{stem}-{key['data_sha256'][:12]}-L{key['layer_ids'].replace(',', '_')}{precision}.safetensors"
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, name)
         with open(path + ".lock", "w") as lock:
