@@ -343,6 +343,21 @@ def test_the_fused_label_log_softmax_has_the_exact_gradient_with_repeated_ids():
     assert torch.autograd.gradcheck(lambda x: _PickedLogSoftmax.apply(x, ids), (logits,))
 
 
+def test_bfloat16_logits_give_the_float32_values_and_their_gradient_in_bfloat16():
+    from dblast_ext.training.losses import _PickedLogSoftmax
+
+    g = torch.Generator().manual_seed(6)
+    half = (torch.randn(4, 3, 40, generator=g) * 3).to(torch.bfloat16).requires_grad_()
+    full = half.detach().float().requires_grad_()
+    ids = torch.randint(0, 40, (4, 3, 6), generator=g)
+    out_half, out_full = _PickedLogSoftmax.apply(half, ids), _PickedLogSoftmax.apply(full, ids)
+    assert out_half.dtype == torch.float32 and torch.equal(out_half, out_full)
+    weights = torch.randn(out_full.shape, generator=g)
+    (out_half * weights).sum().backward()
+    (out_full * weights).sum().backward()
+    assert half.grad.dtype == torch.bfloat16 and torch.equal(half.grad, full.grad.to(torch.bfloat16))
+
+
 def test_the_chunk_left_to_the_device_keeps_a_cpu_chunk_under_the_logit_budget_and_the_values():
     assert auto_chunk_rows(torch.device("cpu"), 4, 49152) == CPU_CHUNK_LOGITS // (4 * 49152) == 21
     assert auto_chunk_rows(torch.device("cpu"), 1, 10 ** 8) == 1

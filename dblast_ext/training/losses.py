@@ -198,31 +198,39 @@ def _chunk_label_logprobs(hidden, labels, lm_head_weight, expander_weight, expan
         states = hidden.unsqueeze(1) + F.linear(hidden, expander_weight, expander_bias).view(rows, branches, width)
     else:
         states = hidden.unsqueeze(1)
-    logits = F.linear(states.to(lm_head_weight.dtype), lm_head_weight).float()  # [rows, K, V] for this chunk only
+    logits = F.linear(states.to(lm_head_weight.dtype), lm_head_weight)  # [rows, K, V] for this chunk only
     return _PickedLogSoftmax.apply(logits, labels.unsqueeze(1).expand(rows, states.shape[1], labels.shape[-1]))
 
 
+def _work_dtype(logits: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(logits.dtype, torch.float32)   # float64 stays float64 (gradcheck)
+
+
 class _PickedLogSoftmax(torch.autograd.Function):
-    """log_softmax(logits)[..., ids]: logits [..., V], ids [..., J] -> [..., J]. The gradient
-    of the logits, softmax * -(sum of the output gradients) plus those gradients at the ids,
-    is built in one [..., V] tensor: autograd's gather + logsumexp backward makes five of them
-    (a zero fill, the scatter, exp, the product, the sum), about a quarter of a CPU training
-    step at SmolLM2's 49,152-token vocabulary."""
+    """log_softmax(logits)[..., ids] in float32 (float64 for float64): logits [..., V]
+    (bfloat16 under autocast, or float32), ids [..., J] -> [..., J]. Forward and backward each
+    work in one float32 [..., V] buffer, in place (the softmax of the backward, softmax *
+    -(sum of the output gradients) plus those gradients at the ids, included), and the
+    gradient comes back in the logits' dtype: autograd's gather + logsumexp backward and the
+    cast around them make a new [..., V] tensor at every step of the way, which at SmolLM2's
+    49,152-token vocabulary cost more than the LM-head matmuls on a CPU."""
 
     @staticmethod
     def forward(ctx, logits, ids):
-        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+        work = torch.empty_like(logits, dtype=_work_dtype(logits)).copy_(logits)
+        top = work.amax(-1, keepdim=True)
+        lse = work.sub_(top).exp_().sum(-1, keepdim=True).log_().add_(top)
         ctx.save_for_backward(logits, lse, ids)
-        return logits.gather(-1, ids) - lse
+        return logits.gather(-1, ids).to(lse.dtype) - lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable   # its in-place softmax is not differentiable again
     def backward(ctx, grad):
         logits, lse, ids = ctx.saved_tensors
-        grad_logits = torch.sub(logits, lse).exp_()                 # softmax, in one new tensor
-        grad_logits.mul_(-grad.sum(-1, keepdim=True))
-        grad_logits.scatter_add_(-1, ids, grad.to(grad_logits.dtype))  # repeated ids add up, like gather's
-        return grad_logits, None
+        grad_logits = torch.empty_like(logits, dtype=_work_dtype(logits)).copy_(logits)
+        grad_logits.sub_(lse).exp_().mul_(-grad.sum(-1, keepdim=True))   # the softmax, scaled
+        grad_logits.scatter_add_(-1, ids, grad.to(grad_logits.dtype))     # repeated ids add up, like gather's
+        return grad_logits.to(logits.dtype), None
 
 
 # The logits a CPU chunk holds at once (rows x K x V): 4M float32 values, 16 MB, stay under
