@@ -235,3 +235,16 @@ def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path)
     assert base["runs"]["base"]["init"] == "dflash-k1" and base["runs"]["base"]["steps"] == 2
     assert book["kept"]["dflash-k1"] in (pilot_round, base["round"])   # the pilot, or the base where it improved
     assert os.path.isfile(os.path.join(args.keep_dir, "dflash-k1", "config.json"))
+    # the kept drafter against another (here the other pilot, standing in for the shipped one)
+    import subprocess
+    other = os.path.join(args.work, "round-00", "pilot-L1", "final")
+    script = os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "train_drafters",
+                          "against_shipped.py")
+    done = subprocess.run([sys.executable, script, "--ledger", args.ledger, "--store", store, "--keep-dir",
+                           args.keep_dir, "--work", str(tmp_path / "against"), "--shipped", other, "--features",
+                           os.path.join(args.work, "features")], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["arm"] == "dflash-k1" and result["kept_round"] == book["kept"]["dflash-k1"]
+    assert result["gain"]["anchors"] > 6 and result["gain"]["low"] <= result["gain"]["mean"] <= result["gain"]["high"]
+    assert "| shipped dflash-k1 |" in done.stdout and "paired blocks" in done.stdout
