@@ -165,6 +165,18 @@ def test_the_target_dtype_setting_reaches_every_run_and_an_older_ledger_keeps_au
     assert dtypes() == {"auto"}
 
 
+def test_a_base_restarted_from_the_shipped_drafter_reads_the_scaled_shards_first(tmp_path):
+    store, scaled = stores(tmp_path)
+    book = new_ledger(store, {**DEFAULT_SETTINGS, "round_shards": 2, "base_start": "shipped"})
+    book.update(stage="base", choice={"layers": 2}, kept={"dflash-k1": 3, "dblast-k4": None})
+    plan = round_plan(book, list_shards(store, scaled), str(tmp_path / "kept"))
+    assert plan["runs"]["base"]["keep_first"]["shipped"] and plan["runs"]["base"]["keep_first"]["round"] == 0
+    assert sorted(plan["shards"]) == ["scaled/00000-chat.jsonl.gz", "scaled/00001-code.jsonl.gz"]
+    book["settings"]["base_start"] = "pilot"   # as before: the 5x shards are as unused as the others
+    plan = round_plan(book, list_shards(store, scaled), str(tmp_path / "kept"))
+    assert "keep_first" not in plan["runs"]["base"] and any(n.startswith("5x/") for n in plan["shards"])
+
+
 # ---------------------------------------------------------------------------------------------
 # a tiny end-to-end pilot stage
 
@@ -179,7 +191,7 @@ def report(args, out) -> str:
     return (out / "README.md").read_text()
 
 
-def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path):
+def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     from test_training_feature_cache import write_tiny_world
 
@@ -248,3 +260,21 @@ def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path)
     assert result["arm"] == "dflash-k1" and result["kept_round"] == book["kept"]["dflash-k1"]
     assert result["gain"]["anchors"] > 6 and result["gain"]["low"] <= result["gain"]["mean"] <= result["gain"]["high"]
     assert "| shipped dflash-k1 |" in done.stdout and "paired blocks" in done.stdout
+    # base_start "shipped": the next base round restarts the lineage from the shipped drafter, once
+    import train_scaled
+    amend_settings(book, {"base_start": "shipped"}, "the shipped drafter is far ahead")
+    (tmp_path / "scaled.json").write_text(json.dumps(book))
+    stand_in = other.replace("pilot-L1", f"pilot-L{choice['layers']}").replace(
+        "round-00", f"round-{pilot_round:02d}")
+    monkeypatch.setattr(train_scaled, "shipped_drafter", lambda arm: stand_in)
+    before = book["kept"]["dflash-k1"]
+    assert run_round(args, settings, log=said.append)
+    book = json.loads(open(args.ledger).read())
+    rebased = book["rounds"][-1]
+    assert rebased["base_from_shipped"] == "dflash-k1" and rebased["runs"]["base"]["init"] == "dflash-k1"
+    assert rebased["earlier_base"].endswith(f"dflash-k1-until-round-{before:02d}")
+    assert os.path.isfile(os.path.join(rebased["earlier_base"], "config.json"))
+    assert book["kept"]["dflash-k1"] == rebased["round"]
+    assert any("shipped dflash-k1 is kept as the base" in message for message in said)
+    plan = round_plan(book, list_shards(store, scaled), args.keep_dir, args.work)
+    assert "keep_first" not in plan["runs"]["base"]   # once

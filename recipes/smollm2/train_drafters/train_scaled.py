@@ -39,7 +39,10 @@ Stages:
   base    K = 1 at the chosen depth, NLL with distillation, from the campaign's kept dflash-k1:
           first the chosen pilot, kept as it is (from scratch where this machine lacks it);
           `base_steps` steps; kept when its held-out loss fell; done when a round gains less than
-          `min_gain` or after `max_base_rounds` rounds.
+          `min_gain` or after `max_base_rounds` rounds. With `base_start` "shipped" the next base
+          round restarts the lineage from the shipped dflash-k1 instead (once; the kept drafter it
+          replaces is moved aside, and the rounds count anew): for when the shipped drafter has the
+          chosen depth and is far ahead of a base grown from scratch (against_shipped.py).
   arms    dflash-k1 (NLL with distillation) and dblast-k4 (K = 4 head, accepted-length surrogate)
           from that base, the same chunk and `arm_steps` steps each; each kept when it improved
           (dblast-k4 by its proxy), each to its own plateau (or `max_rounds`).
@@ -70,6 +73,7 @@ import glob
 import hashlib
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -93,6 +97,9 @@ DEFAULT_SETTINGS = {
     # the target's dtype in every run (dblast train's `dtype`): "auto" is float32 on a CPU; "bfloat16" on
     # one with native bfloat16 makes a chunk's feature pass about 2x as fast (its cache files are others)
     "target_dtype": "auto",
+    # where the base starts: "pilot" (the chosen pilot, grown from scratch) or "shipped" (the shipped
+    # dflash-k1, of the chosen depth: the next base round restarts the lineage from it, once)
+    "base_start": "pilot",
     # a decoding cycle's time per drafter depth (ms): what capacity_cost.py measured, with where and when
     "cycle_ms": {"2": 43.85, "3": 44.8, "4": 45.9},
     "cycle_cost_source": "recipes/smollm2/measure/capacity_cost.py on idle cores, 2026-12-07 13:15 UTC, Intel Xeon "
@@ -250,6 +257,13 @@ def chosen_pilot(ledger: dict, work: str):
     return None, None
 
 
+def shipped_drafter(arm: str) -> str:
+    """The folder of the package's shipped drafter of `arm` (SmolLM2's embedded pair)."""
+    from dblast_ext.drafting.embedded_drafters import embedded_drafter_dir
+
+    return embedded_drafter_dir(arm)
+
+
 def round_plan(ledger: dict, names: list, keep_dir: str, work: str = None) -> dict:
     """The next round: its index, stage, shards and runs (name -> how; `init`: where a run starts,
     None from scratch). While no base is kept, the chosen depth's pilot (where `work`, the
@@ -266,13 +280,23 @@ def round_plan(ledger: dict, names: list, keep_dir: str, work: str = None) -> di
     else:
         kept = ledger["kept"]["dflash-k1"] is not None
         pilot, pilot_round = (None, None)
-        if stage == "base" and not kept and work is not None:
+        rebase = stage == "base" and s.get("base_start", "pilot") == "shipped" and not any(
+            record.get("base_from_shipped") for record in ledger["rounds"])
+        if stage == "base" and not kept and work is not None and not rebase:
             pilot, pilot_round = chosen_pilot(ledger, work)
-        shards = pick_chunk(names, shard_uses(ledger, pilot_grown=pilot is not None), s["round_shards"])
+        uses = shard_uses(ledger, pilot_grown=pilot is not None)
+        if rebase or any(record.get("base_from_shipped") for record in ledger["rounds"]):
+            # the shipped drafters trained on the 5x store: its shards count as used once
+            uses = {name: uses.get(name, 0) + name.startswith("5x/") for name in names}
+        shards = pick_chunk(names, uses, s["round_shards"])
         if stage == "base":
-            runs["base"] = {"kind": "base", "init": os.path.join(keep_dir, "dflash-k1") if kept or pilot else None}
+            runs["base"] = {"kind": "base", "init": os.path.join(keep_dir, "dflash-k1")
+                            if kept or pilot or rebase else None}
             if pilot:
                 runs["base"]["keep_first"] = {"drafter": pilot, "round": pilot_round}
+            if rebase:
+                runs["base"]["keep_first"] = {"drafter": shipped_drafter("dflash-k1"), "round": index,
+                                              "shipped": True}
         elif stage == "arms":
             for arm in ARMS:
                 if arm not in ledger["done"]:
@@ -312,7 +336,9 @@ def run_config(ledger: dict, plan: dict, name: str, run: dict, paths: dict, work
 
 def base_is_done(ledger: dict, gain: float) -> bool:
     s = ledger["settings"]
-    rounds = sum(1 for r in ledger["rounds"] if r["stage"] == "base")
+    restarts = [i for i, r in enumerate(ledger["rounds"]) if r.get("base_from_shipped")]
+    since = restarts[-1] if restarts else 0   # a base restarted from the shipped drafter counts anew
+    rounds = sum(1 for r in ledger["rounds"][since:] if r["stage"] == "base")
     return gain < s["min_gain"] or rounds >= min(s["max_rounds"], s["max_base_rounds"])
 
 
@@ -421,7 +447,18 @@ def run_round(args, overrides: dict, log=print) -> bool:
     record = {"round": plan["round"], "stage": plan["stage"], "shards": plan["shards"],
               "date": datetime.date.today().isoformat(), "listing": listing, "runs": {}}
     pilot = plan["runs"].get("base", {}).get("keep_first")
-    if pilot:   # the chosen pilot becomes the campaign's first kept base; this round goes on from it
+    if pilot and pilot.get("shipped"):   # the base's lineage restarts from the shipped dflash-k1
+        kept = os.path.join(args.keep_dir, "dflash-k1")
+        if os.path.isdir(kept):   # the lineage it replaces stays on this machine, named by its round
+            earlier = f"{kept}-until-round-{ledger['kept']['dflash-k1']:02d}"
+            shutil.rmtree(earlier, ignore_errors=True)
+            os.replace(kept, earlier)
+            record["earlier_base"] = earlier
+        package(pilot["drafter"], "dflash-k1", kept, limit_bytes=None)
+        ledger["kept"]["dflash-k1"] = plan["round"]
+        record["base_from_shipped"] = "dflash-k1"
+        log("== the shipped dflash-k1 is kept as the base; this round goes on from it")
+    elif pilot:   # the chosen pilot becomes the campaign's first kept base; this round goes on from it
         package(pilot["drafter"], "dflash-k1", os.path.join(args.keep_dir, "dflash-k1"), limit_bytes=None)
         ledger["kept"]["dflash-k1"] = pilot["round"]
         record["base_from_pilot"] = f"pilot-L{ledger['choice']['layers']} of round {pilot['round']}"
