@@ -268,12 +268,17 @@ def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path,
         "round-00", f"round-{pilot_round:02d}")
     monkeypatch.setattr(train_scaled, "shipped_drafter", lambda arm: stand_in)
     before = book["kept"]["dflash-k1"]
+    grown = open(os.path.join(args.keep_dir, "dflash-k1", "model.safetensors"), "rb").read()
+    with monkeypatch.context() as interrupted:   # a first try stops in its training run: the round resumes
+        interrupted.setattr(train_scaled, "train", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            run_round(args, settings, log=said.append)
     assert run_round(args, settings, log=said.append)
     book = json.loads(open(args.ledger).read())
     rebased = book["rounds"][-1]
     assert rebased["base_from_shipped"] == "dflash-k1" and rebased["runs"]["base"]["init"] == "dflash-k1"
     assert rebased["earlier_base"].endswith(f"dflash-k1-until-round-{before:02d}")
-    assert os.path.isfile(os.path.join(rebased["earlier_base"], "config.json"))
+    assert open(os.path.join(rebased["earlier_base"], "model.safetensors"), "rb").read() == grown   # not the copy
     assert book["kept"]["dflash-k1"] == rebased["round"]
     assert any("shipped dflash-k1 is kept as the base" in message for message in said)
     plan = round_plan(book, list_shards(store, scaled), args.keep_dir, args.work)

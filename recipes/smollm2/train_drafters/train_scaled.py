@@ -73,7 +73,6 @@ import glob
 import hashlib
 import json
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -449,10 +448,11 @@ def run_round(args, overrides: dict, log=print) -> bool:
     pilot = plan["runs"].get("base", {}).get("keep_first")
     if pilot and pilot.get("shipped"):   # the base's lineage restarts from the shipped dflash-k1
         kept = os.path.join(args.keep_dir, "dflash-k1")
-        if os.path.isdir(kept):   # the lineage it replaces stays on this machine, named by its round
-            earlier = f"{kept}-until-round-{ledger['kept']['dflash-k1']:02d}"
-            shutil.rmtree(earlier, ignore_errors=True)
-            os.replace(kept, earlier)
+        until = ledger["kept"]["dflash-k1"]
+        earlier = None if until is None else f"{kept}-until-round-{until:02d}"
+        if earlier and os.path.isdir(kept) and not os.path.isdir(earlier):   # the lineage it replaces stays
+            os.replace(kept, earlier)   # on this machine, named by its round (a resumed round moved it already)
+        if earlier and os.path.isdir(earlier):
             record["earlier_base"] = earlier
         package(pilot["drafter"], "dflash-k1", kept, limit_bytes=None)
         ledger["kept"]["dflash-k1"] = plan["round"]
