@@ -123,14 +123,20 @@ def shard_path(name: str, store: str, scaled: str) -> str:
     return os.path.join({"5x": store, "scaled": scaled}[where], "responses", file)
 
 
-def shard_uses(ledger: dict, pilot_grown: bool = False) -> dict:
+def shard_uses(ledger: dict, names: list, pilot_grown: bool = False, shipped_grown: bool = False) -> dict:
     """How many training rounds each shard has been in. The pilots' chunk counts once where the
     campaign's base grew from the chosen pilot (`pilot_grown`, or a round that says so), else
-    not at all (a base from scratch then reads it first, its features cached already)."""
+    not at all (a base from scratch then reads it first, its features cached already). Where
+    the base restarts from the shipped drafter (`shipped_grown`, or a round that says so), every
+    5x shard among `names` counts once more: the shipped pair trained on the 5x store."""
     uses = {}
+    shipped_grown = shipped_grown or any(record.get("base_from_shipped") for record in ledger["rounds"])
+    for name in names if shipped_grown else []:
+        if name.startswith("5x/"):
+            uses[name] = 1
     pilot_grown = pilot_grown or any(record.get("base_from_pilot") for record in ledger["rounds"])
     for name in (ledger["pilot_shards"] or []) if pilot_grown else []:
-        uses[name] = 1
+        uses[name] = uses.get(name, 0) + 1
     for record in ledger["rounds"]:
         if record["stage"] != "pilots":
             for name in record["shards"]:
@@ -283,10 +289,7 @@ def round_plan(ledger: dict, names: list, keep_dir: str, work: str = None) -> di
             record.get("base_from_shipped") for record in ledger["rounds"])
         if stage == "base" and not kept and work is not None and not rebase:
             pilot, pilot_round = chosen_pilot(ledger, work)
-        uses = shard_uses(ledger, pilot_grown=pilot is not None)
-        if rebase or any(record.get("base_from_shipped") for record in ledger["rounds"]):
-            # the shipped drafters trained on the 5x store: its shards count as used once
-            uses = {name: uses.get(name, 0) + name.startswith("5x/") for name in names}
+        uses = shard_uses(ledger, names, pilot_grown=pilot is not None, shipped_grown=rebase)
         shards = pick_chunk(names, uses, s["round_shards"])
         if stage == "base":
             runs["base"] = {"kind": "base", "init": os.path.join(keep_dir, "dflash-k1")
@@ -424,7 +427,9 @@ def run_round(args, overrides: dict, log=print) -> bool:
              "heldout": shard_path(ledger["heldout"], args.store, args.scaled)}
     features = os.path.join(args.work, "features")
     configs = {name: run_config(ledger, plan, name, run, paths, work, features) for name, run in plan["runs"].items()}
-    uses = shard_uses(ledger, pilot_grown="keep_first" in plan["runs"].get("base", {}))
+    first = plan["runs"].get("base", {}).get("keep_first") or {}
+    uses = shard_uses(ledger, names, pilot_grown=bool(first) and not first.get("shipped"),
+                      shipped_grown=bool(first.get("shipped")))
     listing = {"shards": len(names), "5x": sum(n.startswith("5x/") for n in names),
                "scaled": sum(n.startswith("scaled/") for n in names),
                "never_trained_on": sum(1 for n in names if n not in uses)}
