@@ -260,6 +260,9 @@ def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path,
     assert result["arm"] == "dflash-k1" and result["kept_round"] == book["kept"]["dflash-k1"]
     assert result["gain"]["anchors"] > 6 and result["gain"]["low"] <= result["gain"]["mean"] <= result["gain"]["high"]
     assert "| shipped dflash-k1 |" in done.stdout and "paired blocks" in done.stdout
+    greedy = result["greedy_gain"]   # the greedy chain's accepted length, paired on the same blocks
+    assert greedy["anchors"] == result["gain"]["anchors"] and greedy["low"] <= greedy["mean"] <= greedy["high"]
+    assert "kept - shipped, greedy chain accepted:" in done.stdout
     # base_start "shipped": the next base round restarts the lineage from the shipped drafter, once
     import train_scaled
     amend_settings(book, {"base_start": "shipped"}, "the shipped drafter is far ahead")
@@ -283,3 +286,47 @@ def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path,
     assert any("shipped dflash-k1 is kept as the base" in message for message in said)
     plan = round_plan(book, list_shards(store, scaled), args.keep_dir, args.work)
     assert "keep_first" not in plan["runs"]["base"]   # once
+    # on a machine without the kept base, --replay trains its lineage since the restart again:
+    # the same chunk, seed and settings give the same drafter
+    kept = os.path.join(args.keep_dir, "dflash-k1")
+    os.replace(kept, kept + "-elsewhere")
+    with pytest.raises(SystemExit, match="--replay"):
+        run_round(args, settings, log=said.append)
+    train_scaled.replay(args, log=said.append)
+    assert (open(os.path.join(kept, "model.safetensors"), "rb").read()
+            == open(os.path.join(kept + "-elsewhere", "model.safetensors"), "rb").read())
+    assert any(m.startswith(f"== replaying round {rebased['round']} (base") for m in said)
+    assert any("recorded" in m and "greedy chain" in m for m in said)
+    assert json.loads(open(args.ledger).read()) == book   # the ledger's rounds stay as recorded
+    with pytest.raises(SystemExit, match="already"):
+        train_scaled.replay(args, log=said.append)
+
+
+def test_settings_at_a_round_undo_the_amendments_made_after_it(tmp_path):
+    from train_scaled import settings_at
+
+    store, _ = stores(tmp_path)
+    book = new_ledger(store, dict(DEFAULT_SETTINGS))
+    book["rounds"] = [{"round": i} for i in range(3)]
+    amend_settings(book, {"base_steps": 1200}, "shorter")                 # from round 3
+    book["rounds"].append({"round": 3})
+    amend_settings(book, {"base_steps": 600, "select_by": "greedy_accepted"}, "shorter still")   # from round 4
+    assert settings_at(book, 2)["base_steps"] == DEFAULT_SETTINGS["base_steps"]
+    assert settings_at(book, 3)["base_steps"] == 1200 and settings_at(book, 3)["select_by"] is None
+    assert settings_at(book, 4) == book["settings"]
+
+
+def test_the_select_by_setting_picks_every_run_s_measure_from_its_amendment_on(tmp_path):
+    store, scaled = stores(tmp_path)
+    book = new_ledger(store, {**DEFAULT_SETTINGS, "round_shards": 2})
+    book.update(stage="arms", choice={"layers": 2}, kept={"dflash-k1": 3, "dblast-k4": None}, arms_from_round=0)
+    plan = round_plan(book, list_shards(store, scaled), str(tmp_path / "kept"))
+    paths = {"data": ["a.jsonl.gz"], "heldout": "heldout.jsonl.gz"}
+
+    def measures():
+        return {name: run_config(book, plan, name, run, paths, "work", "features")["select_by"]
+                for name, run in plan["runs"].items()}
+
+    assert measures() == {"dflash-k1": "loss", "dblast-k4": "accepted_proxy"}   # by objective
+    amend_settings(book, {"select_by": "greedy_accepted"}, "what the decode loop drafts")
+    assert measures() == {"dflash-k1": "greedy_accepted", "dblast-k4": "greedy_accepted"}

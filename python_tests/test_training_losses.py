@@ -332,6 +332,43 @@ def test_top1_agreement_counts_by_hand():
     assert hits.tolist() == [3, 2, 1] and positions.tolist() == [3, 3, 2]
 
 
+def test_greedy_chain_accepted_counts_the_leading_matches_by_hand():
+    from dblast_ext.training.objective import greedy_chain_accepted
+
+    draft = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4], [9, 9, 9, 9], [4, 4, 4, 4]])
+    data = torch.tensor([[5, 6, 0, 8], [1, 2, 3, 4], [0, 9, 9, 9], [4, 4, 4, 4]])
+    valid = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    # a mismatch ends the run (row 0: 2, not 3), however many match after it (row 2: 0), and
+    # positions past the block's valid prefix never count (row 3: 2)
+    assert greedy_chain_accepted(draft, data, valid).tolist() == [2.0, 4.0, 0.0, 2.0]
+
+
+def test_greedy_chain_accepted_is_unbiased_for_the_chains_acceptance_on_sampled_data():
+    """On continuations sampled from the target, the run length's mean is the greedy chain's
+    expected accepted length under the target's sampling: sum_l prod_{j<=l} p(d_j | d_<j)."""
+    from dblast_ext.training.objective import greedy_chain_accepted
+
+    g = torch.Generator().manual_seed(11)
+    vocab, b, n = 5, 4, 200_000
+    # a first-order chain: p(y_1) and p(y_l | y_{l-1}), random but peaked enough to match often
+    first = torch.softmax(torch.randn(vocab, generator=g) * 2, -1)
+    step = torch.softmax(torch.randn(vocab, vocab, generator=g) * 2, -1)
+    y = torch.empty(n, b, dtype=torch.long)
+    y[:, 0] = torch.multinomial(first, n, replacement=True, generator=g)
+    for i in range(1, b):
+        y[:, i] = torch.multinomial(step[y[:, i - 1]], 1, generator=g).squeeze(-1)
+    draft = [int(first.argmax())]
+    for i in range(1, b):
+        draft.append(int(step[draft[-1]].argmax()))
+    expected, survive = 0.0, 1.0
+    for i, token in enumerate(draft):
+        survive *= float(first[token] if i == 0 else step[draft[i - 1], token])
+        expected += survive
+    runs = greedy_chain_accepted(torch.tensor(draft).expand(n, b), y, torch.ones(n, b, dtype=torch.bool))
+    stderr = float(runs.std()) / n ** 0.5
+    assert abs(float(runs.mean()) - expected) < 4 * stderr, (float(runs.mean()), expected, stderr)
+
+
 def test_the_fused_label_log_softmax_has_the_exact_gradient_with_repeated_ids():
     from dblast_ext.training.losses import _PickedLogSoftmax
 

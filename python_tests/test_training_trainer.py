@@ -200,6 +200,23 @@ def test_held_out_evaluation_reports_top1_agreement_per_block_position(world):
     agreement = entry["top1_agreement"]
     assert len(agreement) == 3  # block 4: three draft positions
     assert all(a is None or 0 <= a <= 1 for a in agreement) and any(a is not None for a in agreement)
+    # the greedy chain's accepted length: a run over at most the three draft positions
+    assert 0 <= entry["greedy_accepted"] <= 3
+
+
+def test_select_by_the_greedy_chain_keeps_its_best_checkpoint(world, monkeypatch):
+    from dblast_ext.training import trainer
+
+    real = trainer.evaluate
+    queue = [(5.0, 0.40, 1.0), (4.0, 0.45, 1.3), (3.0, 0.50, 1.2), (2.9, 0.55, 1.1)]  # at steps 4..16
+
+    def scripted(*args, **kwargs):
+        loss, proxy, greedy = queue.pop(0)
+        return dict(real(*args, **kwargs), loss=loss, accepted_proxy=proxy, greedy_accepted=greedy)
+    monkeypatch.setattr(trainer, "evaluate", scripted)
+    c = config(world, "select-greedy", max_steps=40, save_every=4, patience=2, select_by="greedy_accepted")
+    result = train(c, progress=False)
+    assert result["stopped_early"] and result["steps"] == 16 and result["best_step"] == 8
 
 
 def test_eval_at_start_measures_the_initial_drafter_as_step_zero(world):

@@ -21,7 +21,8 @@
       "epochs": 1, "max_steps": null,
       "patience": null,                      # with eval_data: stop after this many checkpoints without a
                                              # better held-out select_by; final/ is then the best checkpoint
-      "select_by": "loss",                   # loss (lower is better) or accepted_proxy (higher; for "al")
+      "select_by": "loss",                   # loss (lower is better), accepted_proxy (higher; for "al")
+                                             # or greedy_accepted (higher: the greedy chain's run)
       "eval_at_start": false,                # with eval_data: the held-out loss of the drafter before
                                              # step 1 too (step 0 of eval_log.jsonl): what a run from
                                              # init_from must beat; with max_steps 0 it only measures
@@ -115,8 +116,9 @@ DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selec
 # The held-out measures that can pick the best checkpoint (`select_by`), and whether higher is
 # better: the loss for the NLL objectives; the accepted-length proxy for the surrogate, whose
 # loss sums over a retained prefix set that grows as the drafter improves, so that a better
-# drafter can show a higher loss.
-SELECTION_MEASURES = {"loss": False, "accepted_proxy": True}
+# drafter can show a higher loss; the greedy chain's accepted length for what the decode loop
+# drafts (objective.greedy_chain_accepted), which neither of the others measures.
+SELECTION_MEASURES = {"loss": False, "accepted_proxy": True, "greedy_accepted": True}
 FEATURE_SCALINGS = ("rms", "none")
 FEATURE_SOURCES = ("auto", "online", "cached")
 

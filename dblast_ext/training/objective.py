@@ -12,7 +12,7 @@ from .block_forward import block_inputs, drafter_block_hidden
 from .feature_cache import TOP_K, target_pass
 from .selector_loss import selector_loss
 from .losses import accepted_length_per_block, accepted_length_surrogate, distillation_loss, gather_branch_logprobs, \
-    nll_independent, nll_mixture
+    nll_independent, nll_mixture, valid_positions
 
 
 @dataclass
@@ -88,6 +88,17 @@ def top1_agreement_counts(draft_tokens: torch.Tensor, target_top1: torch.Tensor,
     return hits, mask.reshape(-1, mask.shape[-1]).sum(0)
 
 
+def greedy_chain_accepted(draft_tokens: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per block, how many leading draft tokens equal the data's own continuation: [..., b] -> [...]
+    (`valid`: the block's leading valid positions). The decode loop drafts a block's greedy chain
+    and the target's sampling accepts a fixed draft token x with probability p(x). Where the data
+    were sampled from the target itself at the user's settings, y_l ~ p(. | y_<l), so the event
+    d_1..d_l = y_1..y_l has probability prod_{j<=l} p(d_j | d_<j): the run length is unbiased for
+    the chain's expected accepted length at those settings (the bonus token aside)."""
+    match = (draft_tokens == labels) & valid.bool()
+    return torch.cumprod(match.to(torch.int64), dim=-1).sum(-1).to(torch.float32)
+
+
 def greedy_drafts(drafter: DBlastDrafter, target: TargetAdapter, hidden: torch.Tensor,
                   prior_logits: torch.Tensor) -> torch.Tensor:
     """The tokens the drafter would draft at Z_T = 0 (its likeliest branch, each position's
@@ -133,7 +144,9 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
     may be passed in when computed already. With `distill_weight` w > 0 (objective nll only)
     the loss is (1 - w) * the NLL + w * `distillation_loss`. With `agreement`, also
     "agreement_hits" and "agreement_positions" [b]: per block position, how often the greedy
-    draft (`greedy_drafts`) is the target's most likely token (teacher-forced on the data). A
+    draft (`greedy_drafts`) is the target's most likely token (teacher-forced on the data), and
+    "greedy_accepted": the mean over blocks of `greedy_chain_accepted`, the accepted length of the
+    greedy chain that the decode loop drafts (with `per_block`, each block's as "block_greedy"). A
     DFlash2 drafter's loss adds `selector_weight` times its selector's cross-entropy
     (training/selector_loss.py), reported on its own as "selector_loss". With `per_block`, also
     each block's own acceptance estimate, in the order of the batch's rows and their sorted
@@ -174,8 +187,10 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
         none = torch.zeros(block - 1, dtype=torch.long)
         empty = torch.zeros(0, dtype=torch.long)
         return {"loss": zero, "accepted_proxy": torch.tensor(0.0), "blocks": torch.tensor(0),
-                **({"agreement_hits": none, "agreement_positions": none} if agreement else {}),
-                **({"block_rows": empty, "block_anchors": empty, "block_proxy": torch.zeros(0)} if per_block else {})}
+                **({"agreement_hits": none, "agreement_positions": none, "greedy_accepted": torch.tensor(0.0)}
+                   if agreement else {}),
+                **({"block_rows": empty, "block_anchors": empty, "block_proxy": torch.zeros(0)} if per_block else {}),
+                **({"block_greedy": torch.zeros(0)} if per_block and agreement else {})}
     counts = {}
     selector = getattr(drafter, "candidate_selector", None)
     previous = at_draft_positions(batch.input_ids, anchors, block, shift=0)[keep]   # the token before each
@@ -184,7 +199,11 @@ def batch_loss(drafter: DBlastDrafter, target: TargetAdapter, batch: Batch, *, o
                   else greedy_drafts(drafter, target, hidden[:, :, 1:][keep], prior_logits[keep]))
         top1 = block_teacher(teacher, anchors, block)[0][..., 0][keep]
         hits, positions = top1_agreement_counts(drafts, top1, mask[keep])
-        counts = {"agreement_hits": hits.cpu(), "agreement_positions": positions.cpu()}
+        chain = greedy_chain_accepted(drafts, labels[keep], valid_positions(mask[keep]))
+        counts = {"agreement_hits": hits.cpu(), "agreement_positions": positions.cpu(),
+                  "greedy_accepted": chain.mean().cpu()}
+        if per_block:
+            counts["block_greedy"] = chain.cpu()
     branch_lp, prior_logits, target_lp, mask = branch_lp[keep], prior_logits[keep], target_lp[keep], mask[keep]
     if objective == "nll":
         loss = (nll_independent(branch_lp[:, 0], mask, position_weights) if drafter.num_branches == 1

@@ -154,6 +154,10 @@ def resumed_plateau(config: TrainConfig, state: Optional[Dict]) -> "Plateau":
     plateau = Plateau(config.patience, None, config.select_by)
     for entry in read_eval_log(config.out):
         if 0 < entry["step"] <= state["step"]:  # step 0 (eval_at_start) is the start, never a candidate
+            if config.select_by not in entry:   # a measure added after the run's checkpoints were taken
+                raise ValueError(f"select_by {config.select_by!r}: {config.out}/eval_log.jsonl has no "
+                                 f"{config.select_by} at step {entry['step']} (logged before it was measured); "
+                                 f"resume with select_by {saved!r}, as the run was started")
             plateau.update(entry["step"], entry)
     return plateau
 
@@ -272,16 +276,18 @@ ANCHOR_LOG = "eval_anchors.jsonl"
 
 def evaluate(drafter, target, records, config, weights, device, cache: Optional[FeatureCache] = None,
              anchors: Optional[Dict[str, list]] = None) -> Dict[str, float]:
-    """Mean loss and acceptance proxy over held-out records (fixed anchors), and per block
-    position the top-1 agreement: how often the greedy draft is the target's most likely token.
-    `anchors` (a dict) receives every held-out block's own acceptance estimate: "record" (its
-    record's index), "anchor" (its anchor position), "accepted_proxy", lists in the same order.
+    """Mean loss, acceptance proxy and greedy-chain accepted length (`greedy_accepted`: what the
+    decode loop's greedy drafts would commit, objective.greedy_chain_accepted) over held-out
+    records (fixed anchors), and per block position the top-1 agreement: how often the greedy
+    draft is the target's most likely token. `anchors` (a dict) receives every held-out block's
+    own estimates: "record" (its record's index), "anchor" (its anchor position),
+    "accepted_proxy", "greedy_accepted", lists in the same order.
     The anchors follow from the records, `seed`, `num_anchors` and `batch_size` alone, so runs
     that share those are measured on the same blocks, pair by pair."""
-    totals, blocks = {"loss": 0.0, "accepted_proxy": 0.0}, 0
+    totals, blocks = {"loss": 0.0, "accepted_proxy": 0.0, "greedy_accepted": 0.0}, 0
     hits = positions = 0
     if anchors is not None:
-        anchors.update({"record": [], "anchor": [], "accepted_proxy": []})
+        anchors.update({"record": [], "anchor": [], "accepted_proxy": [], "greedy_accepted": []})
     with torch.no_grad(), training_autocast(config, device):  # the same precision as the training loss
         for start in range(0, len(records), config.batch_size):
             indices = list(range(start, min(start + config.batch_size, len(records))))
@@ -294,8 +300,10 @@ def evaluate(drafter, target, records, config, weights, device, cache: Optional[
                 anchors["record"] += [indices[row] for row in out["block_rows"].tolist()]
                 anchors["anchor"] += out["block_anchors"].tolist()
                 anchors["accepted_proxy"] += [round(value, 6) for value in out["block_proxy"].tolist()]
+                anchors["greedy_accepted"] += [int(value) for value in out["block_greedy"].tolist()]
             totals["loss"] += float(out["loss"]) * n
             totals["accepted_proxy"] += float(out["accepted_proxy"]) * n
+            totals["greedy_accepted"] += float(out["greedy_accepted"]) * n
             if "selector_loss" in out:  # DFlash2: the selector's share of the loss
                 totals["selector_loss"] = totals.get("selector_loss", 0.0) + float(out["selector_loss"]) * n
             hits, positions = hits + out["agreement_hits"], positions + out["agreement_positions"]

@@ -329,6 +329,7 @@ def measured(entries: list, positions: int, select_by: str = "loss") -> dict:
     or the highest accepted-length proxy), with estimated tau."""
     def summary(e):
         return {"step": e["step"], "loss": round(e["loss"], 5), "accepted_proxy": round(e["accepted_proxy"], 5),
+                "greedy_accepted": e.get("greedy_accepted") and round(e["greedy_accepted"], 5),
                 "top1_agreement": e.get("top1_agreement"),
                 "estimated_tau": round(choose_pilot.estimated_tau(e.get("top1_agreement") or [], positions), 4)}
     start = next(e for e in entries if e["step"] == 0)

@@ -66,6 +66,7 @@ the ~0.03-0.06 gain a deeper drafter must show to pay for its cycle.
     python recipes/smollm2/train_drafters/train_scaled.py --rounds 3  # the three pilots
     python recipes/smollm2/train_drafters/train_scaled.py --choose    # the pilots' table again
     python recipes/smollm2/train_drafters/train_scaled.py --amend '{"arm_steps": 2400}' --why "..."
+    python recipes/smollm2/train_drafters/train_scaled.py --replay    # the kept base again, on a new machine
 """
 import argparse
 import datetime
@@ -99,6 +100,10 @@ DEFAULT_SETTINGS = {
     # where the base starts: "pilot" (the chosen pilot, grown from scratch) or "shipped" (the shipped
     # dflash-k1, of the chosen depth: the next base round restarts the lineage from it, once)
     "base_start": "pilot",
+    # the held-out measure that picks a run's best checkpoint and its gain (the plateau): null is by objective
+    # (the loss for NLL, the proxy for the surrogate); "greedy_accepted" is the greedy chain's accepted
+    # length, what the decode loop's drafts commit (training/objective.py's greedy_chain_accepted)
+    "select_by": None,
     # a decoding cycle's time per drafter depth (ms): what capacity_cost.py measured, with where and when
     "cycle_ms": {"2": 43.85, "3": 44.8, "4": 45.9},
     "cycle_cost_source": "recipes/smollm2/measure/capacity_cost.py on idle cores, 2026-12-07 13:15 UTC, Intel Xeon "
@@ -155,11 +160,16 @@ def pick_chunk(names: list, uses: dict, count: int) -> list:
 
 # --- the paired comparison and the choice ----------------------------------------------------
 
-def paired_anchors(first: dict, second: dict) -> tuple:
-    """Two eval_anchors.jsonl entries on the same anchors -> (proxies of first, of second) as
-    arrays aligned by (record, anchor); a ValueError when their anchors differ."""
+def paired_anchors(first: dict, second: dict, measure: str = "accepted_proxy") -> tuple:
+    """Two eval_anchors.jsonl entries on the same anchors -> (`measure` of first, of second:
+    "accepted_proxy" or "greedy_accepted") as arrays aligned by (record, anchor); a ValueError
+    when their anchors differ or an entry lacks the measure."""
+    for entry in (first, second):
+        if measure not in entry:
+            raise ValueError(f"an eval_anchors entry has no {measure!r} (measured before it was logged): "
+                             "measure that drafter again")
     def by_key(entry):
-        return {(r, a): p for r, a, p in zip(entry["record"], entry["anchor"], entry["accepted_proxy"])}
+        return {(r, a): p for r, a, p in zip(entry["record"], entry["anchor"], entry[measure])}
     a, b = by_key(first), by_key(second)
     if a.keys() != b.keys():
         raise ValueError(f"the two measurements are not on the same anchors ({len(a)} and {len(b)} blocks, "
@@ -325,7 +335,8 @@ def run_config(ledger: dict, plan: dict, name: str, run: dict, paths: dict, work
               "distill_weight": s["distill_weight"] if objective == "nll" else 0.0, "decay": s["decay"],
               "feature_scaling": "rms", "num_anchors": s["num_anchors"], "warmup_ratio": 0.04,
               "patience": None if kind == "pilot" else s["patience"], "save_every": s["save_every"],
-              "seed": plan["round"] if kind != "pilot" else 0, "select_by": train_round.SELECT_BY[objective],
+              "seed": plan["round"] if kind != "pilot" else 0,
+              "select_by": s.get("select_by") or train_round.SELECT_BY[objective],
               "max_steps": s[{"pilot": "pilot_steps", "base": "base_steps", "arm": "arm_steps"}[kind]]}
     if run["init"] is None:
         layers = run.get("layers") or ledger["choice"]["layers"]
@@ -406,6 +417,69 @@ def read_pilot_logs(ledger: dict, logs: str) -> dict:
     return out
 
 
+# --- replaying a kept lineage on another machine -----------------------------------------------
+
+def settings_at(ledger: dict, round_index: int) -> dict:
+    """The settings round `round_index` ran with: today's, each later amendment undone."""
+    settings = dict(ledger["settings"])
+    for record in reversed(ledger.get("amended", [])):
+        if record["from_round"] > round_index:
+            for key, change in record["changes"].items():
+                settings[key] = change["old"]
+    return settings
+
+
+def base_lineage(ledger: dict) -> list:
+    """The kept base's rounds, oldest first, from its restart from the shipped dflash-k1: the
+    rounds a replay runs again. A SystemExit where the lineage did not start from the shipped
+    drafter (its first rounds, pilots grown from scratch, are not replayed)."""
+    restarts = [r for r in ledger["rounds"] if r.get("base_from_shipped")]
+    until = ledger["kept"]["dflash-k1"]
+    if not restarts or until is None or until < restarts[-1]["round"]:
+        sys.exit("--replay rebuilds a base restarted from the shipped dflash-k1 (base_start \"shipped\"); this "
+                 "ledger's kept base grew from a pilot: run the campaign on the machine that has it")
+    return [r for r in ledger["rounds"] if restarts[-1]["round"] <= r["round"] <= until
+            and r["stage"] == "base" and "dflash-k1" in r.get("kept", [])]
+
+
+def replay(args, log=print) -> None:
+    """Trains the kept base's lineage again on this machine (it lacks the kept drafter: weights are
+    not committed until they ship): each kept round on its own chunk, seed and settings, from the
+    shipped dflash-k1, then kept where the campaign keeps it. The ledger's rounds are not touched;
+    each replayed run's held-out start and best go to the log beside the recorded ones (a replay
+    on another CPU and library may differ in the last digits)."""
+    ledger = read_json(args.ledger)
+    kept = os.path.join(args.keep_dir, "dflash-k1")
+    if os.path.isdir(kept):
+        sys.exit(f"{kept} is on this machine already: nothing to replay")
+    lineage, init = base_lineage(ledger), os.path.join(args.work, "replay-shipped-dflash-k1")
+    package(shipped_drafter("dflash-k1"), "dflash-k1", init, limit_bytes=None)   # in bfloat16, as the round kept it
+    heldout = shard_path(ledger["heldout"], args.store, args.scaled)
+    for record in lineage:
+        settings = settings_at(ledger, record["round"])
+        plan = {"round": record["round"], "stage": "base", "shards": record["shards"]}
+        work = os.path.join(args.work, f"replay-round-{record['round']:02d}")
+        paths = {"data": [shard_path(n, args.store, args.scaled) for n in record["shards"]], "heldout": heldout}
+        config = run_config({**ledger, "settings": settings}, plan, "base", {"kind": "base", "init": init},
+                            paths, work, os.path.join(args.work, "features"))
+        config["select_by"] = record["runs"]["base"].get("select_by", config["select_by"])   # as it was kept
+        log(f"== replaying round {record['round']} (base, {len(record['shards'])} shards) from "
+            f"{'the shipped dflash-k1' if record.get('base_from_shipped') else 'the replayed base'}")
+        os.makedirs(work, exist_ok=True)
+        train(config, work, log)
+        entries = [json.loads(line) for line in open(os.path.join(config["out"], "eval_log.jsonl")) if line.strip()]
+        again = train_round.measured(entries, settings["block"] - 1, config["select_by"])
+        train_round.copy_logs(config["out"], args.logs, f"replay-round-{record['round']:02d}-base")
+        for when in ("start", "best"):
+            was = record["runs"]["base"][when]
+            log(f"   {when}: loss {again[when]['loss']} (recorded {was['loss']}), proxy {again[when]['accepted_proxy']} "
+                f"(recorded {was['accepted_proxy']}), greedy chain {again[when]['greedy_accepted']}, "
+                f"first-draft agreement {again[when]['top1_agreement'][0]} (recorded {was['top1_agreement'][0]})")
+        init = os.path.join(config["out"], "final")
+    package(init, "dflash-k1", kept, limit_bytes=None)
+    log(f"== the replayed base is kept as {kept} (round {ledger['kept']['dflash-k1']}'s)")
+
+
 # --- running a round -------------------------------------------------------------------------
 
 train = train_round.train  # `dblast train` on a config, in a fresh process
@@ -441,7 +515,8 @@ def run_round(args, overrides: dict, log=print) -> bool:
     if missing:
         sys.exit(f"the kept drafter {missing[0]['init']} that round {plan['round']} goes on from is not on this "
                  f"machine (the ledger kept it in round {ledger['kept'][os.path.basename(missing[0]['init'])]}; "
-                 "kept drafters stay where they were trained): run the campaign there, or copy that folder here")
+                 "kept drafters stay where they were trained): run the campaign there, copy that folder here, or "
+                 "train it again with --replay (a base restarted from the shipped drafter)")
     os.makedirs(work, exist_ok=True)
     write_json(os.path.join(work, "plan.json"), plan)
     seqs, responses, total = train_round.chunk_size(paths["data"])
@@ -523,6 +598,9 @@ def main() -> int:
     parser.add_argument("--amend", metavar="JSON", help="change settings from the next round on (with --why)")
     parser.add_argument("--why", default="", help="the reason for --amend, kept in the ledger")
     parser.add_argument("--rounds", type=int, default=1, help="rounds to run (stops early once the campaign is done)")
+    parser.add_argument("--replay", action="store_true",
+                        help="train the kept base again on this machine, which lacks it: its rounds since the "
+                             "restart from the shipped dflash-k1, each on its own chunk, seed and settings")
     args = parser.parse_args()
     if args.settings != "{}" and os.path.isfile(args.ledger):
         parser.error(f"--settings applies to a new ledger only; {args.ledger} has its own")
@@ -535,6 +613,11 @@ def main() -> int:
             print("\n".join(choice["table"]) + f"\nchosen: {choice['layers']} layers")
             return 0
         return train_round.write_amendment(parser, args, ledger, amend_settings)
+    if args.replay:
+        if read_json(args.ledger) is None:
+            parser.error(f"{args.ledger} does not exist yet: there is nothing to replay")
+        replay(args, log=lambda m: print(m, flush=True))
+        return 0
     return train_round.run_rounds(parser, args, check_setting_names,
                                   lambda args, overrides: run_round(args, overrides, log=lambda m: print(m, flush=True)))
 
