@@ -302,6 +302,18 @@ def test_a_tiny_pilot_stage_trains_measures_and_chooses_with_its_table(tmp_path,
         train_scaled.replay(args, log=said.append)
 
 
+def test_the_temperatures_setting_keeps_the_shards_sampled_at_them():
+    from train_scaled import at_temperatures
+
+    names = ["5x/math-000.jsonl.gz", "scaled/00000-chat.jsonl.gz", "scaled/00004-chat.jsonl.gz",
+             "scaled/00009-code.jsonl.gz", "scaled/00015-math.jsonl.gz"]
+    # the 5x store is T 0.7; scaled shards 0-3 T 0.7, 4-7 T 1.0, 8-11 T 0.7, 12-15 T 1.0
+    assert at_temperatures(names, None) == names
+    assert at_temperatures(names, [0.7]) == ["5x/math-000.jsonl.gz", "scaled/00000-chat.jsonl.gz",
+                                             "scaled/00009-code.jsonl.gz"]
+    assert at_temperatures(names, [1.0]) == ["scaled/00004-chat.jsonl.gz", "scaled/00015-math.jsonl.gz"]
+
+
 def test_settings_at_a_round_undo_the_amendments_made_after_it(tmp_path):
     from train_scaled import settings_at
 

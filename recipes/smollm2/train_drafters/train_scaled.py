@@ -104,6 +104,9 @@ DEFAULT_SETTINGS = {
     # (the loss for NLL, the proxy for the surrogate); "greedy_accepted" is the greedy chain's accepted
     # length, what the decode loop's drafts commit (training/objective.py's greedy_chain_accepted)
     "select_by": None,
+    # which sampling temperatures' shards a round's chunk takes (null: all); the scaled set alternates
+    # T 0.7 and T 1.0 shards, the 5x store is T 0.7 (temperature_probe.py measures what each teaches)
+    "temperatures": None,
     # a decoding cycle's time per drafter depth (ms): what capacity_cost.py measured, with where and when
     "cycle_ms": {"2": 43.85, "3": 44.8, "4": 45.9},
     "cycle_cost_source": "recipes/smollm2/measure/capacity_cost.py on idle cores, 2026-12-07 13:15 UTC, Intel Xeon "
@@ -121,6 +124,22 @@ def list_shards(store: str, scaled: str) -> list:
     not among them): the 5x store's, then the scaled store's whole shards, each in name order."""
     grown = sorted(glob.glob(os.path.join(scaled, "responses", SCALED_NAME)))
     return [f"5x/{name}" for name in train_round.store_shards(store)] + [f"scaled/{os.path.basename(p)}" for p in grown]
+
+
+def sampled_at(name: str) -> float:
+    """The temperature a training shard was sampled at: the 5x store's at T 0.7 (make_data/data.sh),
+    a scaled shard's by its index (make_data/data_scale.py's plan: T 0.7 and T 1.0 in turn)."""
+    if name.startswith("5x/"):
+        return 0.7
+    sys.path.insert(0, os.path.join(RECIPE, "make_data"))
+    from data_scale import plan as scaled_plan
+
+    return scaled_plan(int(os.path.basename(name)[:5]))["temperature"]
+
+
+def at_temperatures(names: list, temperatures) -> list:
+    """The shards sampled at one of `temperatures` (None: every shard)."""
+    return names if temperatures is None else [n for n in names if sampled_at(n) in temperatures]
 
 
 def shard_path(name: str, store: str, scaled: str) -> str:
@@ -491,7 +510,7 @@ def run_round(args, overrides: dict, log=print) -> bool:
     if ledger["stage"] == "done":
         log("the campaign is done: both arms at their plateau or their max_rounds")
         return False
-    names = list_shards(args.store, args.scaled)
+    names = at_temperatures(list_shards(args.store, args.scaled), ledger["settings"].get("temperatures"))
     plan = round_plan(ledger, names, args.keep_dir, args.work)
     work = os.path.join(args.work, f"round-{plan['round']:02d}")
     kept_plan = read_json(os.path.join(work, "plan.json"))
