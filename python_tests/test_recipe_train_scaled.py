@@ -62,6 +62,20 @@ def test_a_chunk_prefers_unused_shards_in_a_fixed_mixed_order():
     assert set(pick_chunk(names, {n: 1 for n in chunk}, 6)) == set(names) - set(chunk)
 
 
+def test_a_chunk_takes_the_kinds_in_their_proportions_however_the_uses_fall():
+    from train_scaled import shard_kind
+
+    names = ([f"scaled/{i:05d}-chat.jsonl.gz" for i in range(0, 40, 2)] + [f"scaled/{i:05d}-code.jsonl.gz" for i in
+             range(1, 40, 4)] + [f"scaled/{i:05d}-math.jsonl.gz" for i in range(3, 40, 4)] + ["5x/math-000.jsonl.gz"])
+    uses = {n: 1 for n in names if shard_kind(n) == "math"}   # math used more: by use alone a chunk would have none
+    chunk = pick_chunk(names, uses, 16)
+    kinds = [shard_kind(n) for n in chunk]
+    # 20 chat, 10 code, 11 math of 41: quotas 7.8, 3.9, 4.3 -> 7 + 3 + 4 = 14, the two largest remainders
+    # (chat .80, code .90) one more each
+    assert (kinds.count("chat"), kinds.count("code"), kinds.count("math")) == (8, 4, 4) and len(set(chunk)) == 16
+    assert pick_chunk(names, uses, 3) != [] and len(pick_chunk(names[:2], {}, 16)) == 2
+
+
 def test_the_paired_bootstrap_of_a_constant_difference_is_that_difference():
     a = np.array([0.1, 0.5, 1.0, 2.0, 0.0])
     result = paired_bootstrap(a, a + 0.25, samples=500, seed=3)
@@ -312,6 +326,24 @@ def test_the_temperatures_setting_keeps_the_shards_sampled_at_them():
     assert at_temperatures(names, [0.7]) == ["5x/math-000.jsonl.gz", "scaled/00000-chat.jsonl.gz",
                                              "scaled/00009-code.jsonl.gz"]
     assert at_temperatures(names, [1.0]) == ["scaled/00004-chat.jsonl.gz", "scaled/00015-math.jsonl.gz"]
+
+
+def test_each_amendment_to_base_start_shipped_restarts_the_base_once(tmp_path):
+    from train_scaled import restart_pending
+
+    store, _ = stores(tmp_path)
+    book = new_ledger(store, dict(DEFAULT_SETTINGS))
+    book.update(stage="base", rounds=[{"round": i, "stage": "base"} for i in range(3)])
+    assert not restart_pending(book)                           # base_start "pilot"
+    amend_settings(book, {"base_start": "shipped"}, "the shipped drafter is ahead")   # from round 3
+    assert restart_pending(book)
+    book["rounds"].append({"round": 3, "stage": "base", "base_from_shipped": "dflash-k1"})
+    book["rounds"].append({"round": 4, "stage": "base"})
+    assert not restart_pending(book)                           # once
+    amend_settings(book, {"base_start": "shipped"}, "round 3's lineage lost to it again")   # from round 5
+    assert restart_pending(book)
+    book["rounds"].append({"round": 5, "stage": "base", "base_from_shipped": "dflash-k1"})
+    assert not restart_pending(book)
 
 
 def test_settings_at_a_round_undo_the_amendments_made_after_it(tmp_path):

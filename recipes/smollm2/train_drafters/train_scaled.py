@@ -7,10 +7,11 @@ Data. At the start of every round the shards are listed again: the 5x store's
 (data/responses/{math,code,chat}-NNN.jsonl.gz) and the scaled store's (data/scaled/responses/
 NNNNN-kind.jsonl.gz, which appear only when whole), so shards made since the last round are
 used. The held-out split is the 5x store's heldout.jsonl.gz for every run. A round trains on a
-chunk of `round_shards` shards: those the campaign has trained on the fewest times (the
-pilots' chunk counts once when the base grows from the chosen pilot), ties broken by a hash of
-the name (a fixed pseudo-random order, so each chunk mixes the stores and kinds and new shards
-come in with the unused ones). The chunk is written to the
+chunk of `round_shards` shards in the kinds' proportions (math, code, chat as among the shards
+listed): of each kind those the campaign has trained on the fewest times (the pilots' chunk
+counts once when the base grows from the chosen pilot), ties broken by a hash of the name (a
+fixed pseudo-random order, so each chunk mixes the stores and new shards come in with the
+unused ones). The chunk is written to the
 round's work folder first, so a round resumed on the same machine keeps its data.
 
 Features: cached, bounded. A round's runs all read its chunk: the arms round's two runs, two
@@ -38,11 +39,12 @@ Stages:
           shallower's - 1)); else the shallowest. The table of why goes into the ledger and the log.
   base    K = 1 at the chosen depth, NLL with distillation, from the campaign's kept dflash-k1:
           first the chosen pilot, kept as it is (from scratch where this machine lacks it);
-          `base_steps` steps; kept when its held-out loss fell; done when a round gains less than
-          `min_gain` or after `max_base_rounds` rounds. With `base_start` "shipped" the next base
-          round restarts the lineage from the shipped dflash-k1 instead (once; the kept drafter it
-          replaces is moved aside, and the rounds count anew): for when the shipped drafter has the
-          chosen depth and is far ahead of a base grown from scratch (against_shipped.py).
+          `base_steps` steps; kept when its held-out `select_by` measure improved (the loss unless
+          amended); done when a round gains less than `min_gain` or after `max_base_rounds` rounds.
+          With `base_start` "shipped" the next base round restarts the lineage from the shipped
+          dflash-k1 instead (once per amendment that sets it; the kept drafter it replaces is moved
+          aside, and the rounds count anew): for when the shipped drafter has the chosen depth and
+          is ahead of the kept base (against_shipped.py, evaluate/kept_vs_shipped.sh).
   arms    dflash-k1 (NLL with distillation) and dblast-k4 (K = 4 head, accepted-length surrogate)
           from that base, the same chunk and `arm_steps` steps each; each kept when it improved
           (dblast-k4 by its proxy), each to its own plateau (or `max_rounds`).
@@ -172,9 +174,26 @@ def name_rank(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()
 
 
+def shard_kind(name: str) -> str:
+    """math, code or chat: '5x/math-000.jsonl.gz' and 'scaled/00003-math.jsonl.gz' alike."""
+    stem = os.path.basename(name).split(".")[0]
+    return stem.split("-")[0] if name.startswith("5x/") else stem.split("-")[-1]
+
+
 def pick_chunk(names: list, uses: dict, count: int) -> list:
-    """The `count` shards used least so far, ties in a fixed pseudo-random order (the name's hash)."""
-    return sorted(names, key=lambda name: (uses.get(name, 0), name_rank(name)))[:count]
+    """`count` shards in the kinds' proportions among `names` (largest remainder), within each
+    kind those used least so far, ties in a fixed pseudo-random order (the name's hash). By use
+    alone, round 6's chunk drew no math shard of 16, and the drafter lost GSM8K acceptance."""
+    by_kind = {}
+    for name in names:
+        by_kind.setdefault(shard_kind(name), []).append(name)
+    quota = {kind: count * len(group) / len(names) for kind, group in by_kind.items()} if names else {}
+    take = {kind: int(q) for kind, q in quota.items()}
+    for kind in sorted(quota, key=lambda k: (take[k] - quota[k], k))[:min(count, len(names)) - sum(take.values())]:
+        take[kind] += 1
+    chunk = [name for kind, group in by_kind.items()
+             for name in sorted(group, key=lambda n: (uses.get(n, 0), name_rank(n)))[:take[kind]]]
+    return sorted(chunk, key=lambda name: (uses.get(name, 0), name_rank(name)))
 
 
 # --- the paired comparison and the choice ----------------------------------------------------
@@ -298,6 +317,17 @@ def shipped_drafter(arm: str) -> str:
     return embedded_drafter_dir(arm)
 
 
+def restart_pending(ledger: dict) -> bool:
+    """Whether the next base round restarts from the shipped dflash-k1: `base_start` "shipped", and
+    no restart since the amendment that set it (each such amendment restarts the lineage once; a
+    ledger made with it restarts once)."""
+    if ledger["settings"].get("base_start", "pilot") != "shipped":
+        return False
+    since = max((record["from_round"] for record in ledger.get("amended", [])
+                 if record["changes"].get("base_start", {}).get("new") == "shipped"), default=0)
+    return not any(record.get("base_from_shipped") and record["round"] >= since for record in ledger["rounds"])
+
+
 def round_plan(ledger: dict, names: list, keep_dir: str, work: str = None) -> dict:
     """The next round: its index, stage, shards and runs (name -> how; `init`: where a run starts,
     None from scratch). While no base is kept, the chosen depth's pilot (where `work`, the
@@ -314,8 +344,7 @@ def round_plan(ledger: dict, names: list, keep_dir: str, work: str = None) -> di
     else:
         kept = ledger["kept"]["dflash-k1"] is not None
         pilot, pilot_round = (None, None)
-        rebase = stage == "base" and s.get("base_start", "pilot") == "shipped" and not any(
-            record.get("base_from_shipped") for record in ledger["rounds"])
+        rebase = stage == "base" and restart_pending(ledger)
         if stage == "base" and not kept and work is not None and not rebase:
             pilot, pilot_round = chosen_pilot(ledger, work)
         uses = shard_uses(ledger, names, pilot_grown=pilot is not None, shipped_grown=rebase)
