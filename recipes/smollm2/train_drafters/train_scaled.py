@@ -189,7 +189,9 @@ def pick_chunk(names: list, uses: dict, count: int) -> list:
         by_kind.setdefault(shard_kind(name), []).append(name)
     quota = {kind: count * len(group) / len(names) for kind, group in by_kind.items()} if names else {}
     take = {kind: int(q) for kind, q in quota.items()}
-    for kind in sorted(quota, key=lambda k: (take[k] - quota[k], k))[:min(count, len(names)) - sum(take.values())]:
+    least_used = {kind: min(uses.get(n, 0) for n in group) for kind, group in by_kind.items()}
+    spare = min(count, len(names)) - sum(take.values())   # by the largest remainder; on a tie the kind
+    for kind in sorted(quota, key=lambda k: (take[k] - quota[k], least_used[k], k))[:spare]:   # with fresher shards
         take[kind] += 1
     chunk = [name for kind, group in by_kind.items()
              for name in sorted(group, key=lambda n: (uses.get(n, 0), name_rank(n)))[:take[kind]]]
