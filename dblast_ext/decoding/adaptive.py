@@ -273,9 +273,11 @@ class AdaptiveDepth:
         """How deep a probe from `best` verifies: one position deeper, or deeper still while that
         costs at most PROBE_DEPTH_SLACK times as much extra (where deeper positions are nearly free,
         as on a CPU in bfloat16, one probe observes them all)."""
-        shallowest = self.costs[best + 1] - self.costs[best]
-        return max(d for d in range(best + 1, self.max_depth + 1)
-                   if self.costs[d] - self.costs[best] <= PROBE_DEPTH_SLACK * shallowest)
+        # timings on a loaded machine need not rise with depth: a next depth that looks cheaper than
+        # `best` still probes one deeper, and its (clamped) extra cost sets the slack for the rest
+        shallowest = max(self.costs[best + 1] - self.costs[best], 0.0)
+        return max([best + 1] + [d for d in range(best + 2, self.max_depth + 1)
+                                 if self.costs[d] - self.costs[best] <= PROBE_DEPTH_SLACK * shallowest])
 
     def probe_interval(self, best: int, catch_up: float = 0.0) -> int:
         """Cycles between probes from `best`: what a probe costs over a cycle at `best` (its
