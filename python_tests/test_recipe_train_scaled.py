@@ -10,11 +10,12 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "recipes", "smollm2", "train_drafters"))
 from train_scaled import (DEFAULT_SETTINGS, amend_settings, choose_depth, conclude, list_shards,  # noqa: E402
                           new_ledger, paired_anchors, paired_bootstrap, pick_chunk, round_plan, run_config,
-                          run_round)
+                          run_round, target_dtype)
 
 
 def write_shard(path, records):
@@ -177,6 +178,16 @@ def test_the_target_dtype_setting_reaches_every_run_and_an_older_ledger_keeps_au
     assert record["changes"] == {"target_dtype": {"old": "auto", "new": "bfloat16"}} and dtypes() == {"bfloat16"}
     del book["settings"]["target_dtype"]   # a ledger written before the setting existed
     assert dtypes() == {"auto"}
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_native_target_dtype_is_bfloat16_only_where_the_cpu_computes_it(monkeypatch, native):
+    from dblast_ext.decoding import fastest_settings
+
+    monkeypatch.setattr(fastest_settings, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert target_dtype({"target_dtype": "native"}) == ("bfloat16" if native else "float32")
+    assert target_dtype({"target_dtype": "bfloat16"}) == "bfloat16" and target_dtype({}) == "auto"
 
 
 def test_a_base_restarted_from_the_shipped_drafter_reads_the_scaled_shards_first(tmp_path):

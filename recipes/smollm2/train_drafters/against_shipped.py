@@ -28,7 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import train_round  # noqa: E402
-from train_scaled import ARMS, paired_anchors, paired_bootstrap, read_json, run_config  # noqa: E402
+from train_scaled import ARMS, paired_anchors, paired_bootstrap, read_json, run_config, target_dtype  # noqa: E402
 
 RECIPE = os.path.dirname(HERE)
 MEASURES = {"greedy_accepted": "greedy chain accepted", "accepted_proxy": "proxy"}
@@ -73,7 +73,7 @@ def main() -> int:
     if kept_round is None or not os.path.isfile(os.path.join(kept, "config.json")):
         parser.error(f"no kept {args.arm} on this machine ({kept}; the ledger says round {kept_round})")
     heldout = os.path.join(args.store, "responses", "heldout.jsonl.gz")
-    dtype = ledger["settings"].get("target_dtype", "auto")   # measured again when it changes
+    dtype = target_dtype(ledger["settings"])   # measured again when it changes
     shipped = measure(ledger, args.shipped or args.arm, f"shipped-{args.arm}-{dtype}", heldout, args.work,
                       args.features)
     mine = measure(ledger, kept, f"kept-{args.arm}-round-{kept_round:02d}-{dtype}", heldout, args.work,

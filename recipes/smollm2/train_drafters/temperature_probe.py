@@ -23,17 +23,12 @@ import argparse
 import json
 import os
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "make_data"))
-import train_round  # noqa: E402
-from against_shipped import measure  # noqa: E402
-from data_scale import plan as shard_plan  # noqa: E402
-from train_scaled import paired_anchors, paired_bootstrap, read_json, run_config, settings_at, shard_path, \
-    shipped_drafter  # noqa: E402
+from side_by_side import measure_finals, report, today, train_side_by_side  # noqa: E402
+from train_scaled import read_json, run_config, sampled_at, settings_at, shard_kind, shard_path, \
+    shipped_drafter, target_dtype  # noqa: E402
 
 RECIPE = os.path.dirname(HERE)
 
@@ -43,10 +38,8 @@ def split_by_temperature(shards: list) -> dict:
     matched kind by kind (the first n of each kind at either temperature, n the smaller count)."""
     by = {}
     for name in shards:
-        if not name.startswith("scaled/"):
-            continue
-        shard = shard_plan(int(os.path.basename(name)[:5]))
-        by.setdefault(shard["kind"], {}).setdefault(shard["temperature"], []).append(name)
+        if name.startswith("scaled/"):
+            by.setdefault(shard_kind(name), {}).setdefault(sampled_at(name), []).append(name)
     out = {0.7: [], 1.0: []}
     for kind in sorted(by):
         n = min(len(by[kind].get(t, [])) for t in out)
@@ -81,37 +74,16 @@ def main() -> int:
     for t, shards in split.items():
         paths = {"data": [shard_path(n, args.store, args.scaled) for n in shards], "heldout": heldout}
         plan = {"round": args.round, "stage": "base", "shards": shards}
-        configs[t] = run_config(book, plan, f"T{t}", {"kind": "base", "init": init}, paths, args.work,
-                                args.features)
+        configs[f"T{t}"] = run_config(book, plan, f"T{t}", {"kind": "base", "init": init}, paths, args.work,
+                                      args.features)
         print(f"== T {t}: {len(shards)} shards ({', '.join(os.path.basename(n)[:-9] for n in shards)})", flush=True)
-    os.makedirs(args.work, exist_ok=True)
-    threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "2")) // len(configs))
-    os.environ["OMP_NUM_THREADS"] = str(threads)   # the two runs side by side, the cores split between them
-    with ThreadPoolExecutor(len(configs)) as pool:
-        seconds = dict(zip(configs, pool.map(
-            lambda c: train_round.train(c, args.work, lambda m: print(m, flush=True)), configs.values())))
-    dtype = ledger["settings"].get("target_dtype", "auto")
-    measured = {"start": measure(book, init, f"start-{dtype}", heldout, args.work, args.features)}
-    for t, config in configs.items():
-        measured[t] = measure(book, os.path.join(config["out"], "final"), f"final-T{t}-{dtype}", heldout, args.work,
-                              args.features)
-    s = ledger["settings"]
-    print("| drafter | greedy chain accepted | proxy | first-draft agreement | top-1 agreement, positions 1-7 |")
-    print("| --- | ---: | ---: | ---: | --- |")
-    for name, m in measured.items():
-        label = "start" if name == "start" else f"trained on the T {name} shards ({seconds[name]:.0f} s)"
-        summary = m["summary"]
-        print(f"| {label} | {summary['greedy_accepted']:.4f} | {summary['accepted_proxy']:.4f} | "
-              f"{100 * summary['top1_agreement'][0]:.1f}% | {' '.join(f'{a:.3f}' for a in summary['top1_agreement'])} |")
-    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "round": args.round, "steps": args.steps,
-              "shards": {str(t): v for t, v in split.items()}, "target_dtype": dtype, "gains": {}}
-    for first, second in (("start", 0.7), ("start", 1.0), (1.0, 0.7)):
-        for key in ("greedy_accepted", "accepted_proxy"):
-            a, b = paired_anchors(measured[first]["anchors"], measured[second]["anchors"], key)
-            gain = paired_bootstrap(a, b, s["bootstrap_samples"], s["bootstrap_seed"])
-            result["gains"][f"{second} - {first}, {key}"] = gain
-            print(f"{second} - {first}, {key}: {gain['mean']:+.4f} [{gain['low']:+.4f}, {gain['high']:+.4f}] "
-                  f"over {gain['anchors']} paired blocks")
+    seconds = train_side_by_side(configs, args.work)
+    measured = measure_finals(book, init, configs, heldout, args.work, args.features)
+    labels = {name: f"trained on the T {name[1:]} shards ({seconds[name]:.0f} s)" for name in configs}
+    gains = report(measured, labels, [("start", "T0.7"), ("start", "T1.0"), ("T1.0", "T0.7")], ledger["settings"])
+    result = {"date": today(), "round": args.round, "steps": args.steps,
+              "shards": {str(t): v for t, v in split.items()},
+              "target_dtype": target_dtype(ledger["settings"]), "gains": gains}
     print(json.dumps(result))
     return 0
 

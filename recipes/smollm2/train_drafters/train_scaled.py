@@ -72,6 +72,7 @@ the ~0.03-0.06 gain a deeper drafter must show to pay for its cycle.
 """
 import argparse
 import datetime
+import functools
 import glob
 import hashlib
 import json
@@ -97,7 +98,8 @@ DEFAULT_SETTINGS = {
     "lr_scratch": 1e-3, "lr_continue": 3e-4, "tau": 0.1, "min_gain": 0.01, "max_rounds": 16, "max_base_rounds": 8,
     "feature_cache_gb": 12, "feature_scale_shards": 2, "bootstrap_samples": 10000, "bootstrap_seed": 0,
     # the target's dtype in every run (dblast train's `dtype`): "auto" is float32 on a CPU; "bfloat16" on
-    # one with native bfloat16 makes a chunk's feature pass about 2x as fast (its cache files are others)
+    # one with native bfloat16 makes a chunk's feature pass about 2x as fast (its cache files are others);
+    # "native" is bfloat16 there (and on a GPU) and float32 on a CPU that emulates it (target_dtype())
     "target_dtype": "auto",
     # where the base starts: "pilot" (the chosen pilot, grown from scratch) or "shipped" (the shipped
     # dflash-k1, of the chosen depth: the next base round restarts the lineage from it, once)
@@ -133,10 +135,16 @@ def sampled_at(name: str) -> float:
     a scaled shard's by its index (make_data/data_scale.py's plan: T 0.7 and T 1.0 in turn)."""
     if name.startswith("5x/"):
         return 0.7
-    sys.path.insert(0, os.path.join(RECIPE, "make_data"))
-    from data_scale import plan as scaled_plan
+    return scaled_plan()(int(os.path.basename(name)[:5]))["temperature"]
 
-    return scaled_plan(int(os.path.basename(name)[:5]))["temperature"]
+
+@functools.lru_cache(maxsize=None)
+def scaled_plan():
+    """make_data/data_scale.py's plan, imported once (the data recipe is a sibling folder)."""
+    sys.path.insert(0, os.path.join(RECIPE, "make_data"))
+    from data_scale import plan
+
+    return plan
 
 
 def at_temperatures(names: list, temperatures) -> list:
@@ -367,6 +375,20 @@ def round_plan(ledger: dict, names: list, keep_dir: str, work: str = None) -> di
     return {"round": index, "stage": stage, "shards": shards, "runs": runs}
 
 
+def target_dtype(settings: dict) -> str:
+    """The runs' target dtype: the setting, where "native" is bfloat16 on a GPU or a CPU with bfloat16
+    matmul instructions and float32 elsewhere (an AVX2-only AMD EPYC emulates a bfloat16 matmul at
+    1.1 GFLOP/s against 71 in float32, one thread, 2026-12-08: a feature pass there would take days)."""
+    dtype = settings.get("target_dtype", "auto")
+    if dtype != "native":
+        return dtype
+    import torch
+
+    from dblast_ext.decoding.fastest_settings import cpu_has_native_bf16
+
+    return "bfloat16" if torch.cuda.is_available() or cpu_has_native_bf16() else "float32"
+
+
 def run_config(ledger: dict, plan: dict, name: str, run: dict, paths: dict, work: str, features: str) -> dict:
     """The `dblast train` config of one run. paths: 'data' (the chunk's files), 'heldout'."""
     s, kind = ledger["settings"], run["kind"]
@@ -374,7 +396,7 @@ def run_config(ledger: dict, plan: dict, name: str, run: dict, paths: dict, work
     common = {"target": s["target"], "eval_data": [paths["heldout"]], "out": os.path.join(work, name),
               "batch_size": s["batch_size"], "feature_cache": features, "features": "cached",
               "feature_cache_max_gb": s["feature_cache_gb"], "autocast": "auto", "recompute_logits": False,
-              "eval_at_start": True, "log_every": 10, "dtype": s.get("target_dtype", "auto")}
+              "eval_at_start": True, "log_every": 10, "dtype": target_dtype(s)}
     if kind == "measure":   # the pilot's final drafter alone on the held-out split: many anchors, seed 0
         return {**common, "data": [paths["heldout"]], "init_from": os.path.join(work, run["of"], "final"),
                 "max_steps": 0, "num_anchors": s["eval_anchors"], "seed": 0, "feature_scaling": "none",
