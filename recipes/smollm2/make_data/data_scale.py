@@ -23,10 +23,13 @@ so a later machine whose sampler rounds differently still answers the same promp
 responses are kept as STORE/responses/NNNNN-kind.jsonl.gz (the format of
 dblast_ext.training.data) once the shard is whole. A shard cut short resumes from its records
 in WORK. Copies share the work under one lock per shard (one copy per core, OMP_NUM_THREADS=1).
+Each shard samples in the --dtype this machine computes fastest (bfloat16 where native, else
+float32) and records it beside its responses (STORE/responses/NNNNN-kind.json).
 
     python recipes/smollm2/make_data/data_scale.py --shards 0:8                # the first 8 shards
     python recipes/smollm2/make_data/data_scale.py --tokens 10000000           # until 10M response tokens are kept
     bash recipes/smollm2/make_data/data_scale.sh                               # the same, a new process every 4 shards
+    bash recipes/smollm2/make_data/data_scale.sh --temperatures 0.7            # only the T 0.7 shards (the rest later)
     python recipes/smollm2/make_data/data_scale.py --status                    # what is kept
     python recipes/smollm2/make_data/data_scale.py --collect WORK/train.jsonl  # every kept shard in one file
 """
@@ -212,15 +215,16 @@ class Run:
         for sub in ("prompts", "responses"):
             os.makedirs(os.path.join(self.store, sub), exist_ok=True)
         os.makedirs(os.path.join(self.work, "locks"), exist_ok=True)
+        self.dtype = sampling_dtype(args.dtype)
         check_store(self.store, {"shard_prompts": args.shard_prompts, "max_new_tokens": MAX_NEW_TOKENS,
-                                 "dtype": args.dtype})
+                                 "dtype": self.dtype})
         self._model = self._pools = self._chat = None
 
     def model(self):
         if self._model is None:
             from dblast_ext.target.loading import load_target
 
-            self._model = load_target("default", device="cpu", dtype=self.args.dtype)
+            self._model = load_target("default", device="cpu", dtype=self.dtype)
         return self._model
 
     def prompts(self, entry):
@@ -258,9 +262,11 @@ class Run:
         records = generate_training_data(model, tokenizer, prompts, out, sampling=sampling,
                                          max_new_tokens=MAX_NEW_TOKENS, batch_size=self.args.batch_size,
                                          seed=entry["shard"], progress=not self.args.no_progress)
-        write_whole(kept, records, compress=True)
         tokens = sum(sum(r["loss_mask"]) for r in records)
         took = time.time() - started
+        write_whole(shard_facts_path(self.store, entry["name"]), [{"dtype": self.dtype, "seconds": round(took),
+                                                                  "response_tokens": tokens}])
+        write_whole(kept, records, compress=True)
         print(f"   {len(records)} sequences, {tokens} response tokens in {took:.0f} s "
               f"({tokens / took:.0f} tokens/s)", flush=True)
         return tokens
@@ -281,9 +287,37 @@ class Run:
             return True
 
 
+def sampling_dtype(name):
+    """--dtype's value: "native" is bfloat16 on a CPU that computes it natively (1.6x float32's
+    tokens/s there) and float32 on one that emulates it (an AVX2-only AMD EPYC ran a bfloat16
+    matmul 65x slower than a float32 one, 2026-12-08)."""
+    if name != "native":
+        return name
+    from dblast_ext.decoding.fastest_settings import cpu_has_native_bf16
+
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
+def shard_facts_path(store, name):
+    """A kept shard's own facts (its sampling dtype, time and tokens), beside its responses."""
+    return os.path.join(store, "responses", name + ".json")
+
+
+def shard_dtype(store, name):
+    """The dtype a kept shard was sampled in: its facts file's, else the store's first (every shard
+    before the facts files were written was sampled in it)."""
+    path = shard_facts_path(store, name)
+    if os.path.isfile(path):
+        return read_jsonl(path)[0]["dtype"]
+    with open(os.path.join(store, "settings.json")) as f:
+        return json.load(f)["dtype"]
+
+
 def check_store(store, settings):
-    """A store holds shards of one size and sampling dtype: the first run writes them down, later
-    runs must match (other settings would give other prompts to the same shard names)."""
+    """A store holds shards of one size: the first run writes its settings down (its dtype the
+    first shards' one), later runs must match the size (other sizes would give other prompts to
+    the same shard names). The dtype may change from shard to shard: a shard's prompts are kept
+    before its responses are sampled, and each shard records its own dtype (shard_dtype)."""
     path = os.path.join(store, "settings.json")
     if not os.path.isfile(path):
         with open(path + ".part", "w") as f:
@@ -292,8 +326,9 @@ def check_store(store, settings):
         return
     with open(path) as f:
         kept = json.load(f)
-    if kept != settings:
-        raise SystemExit(f"{path} was made with {kept}, not {settings}: give the same --shard-prompts and --dtype, "
+    fixed = [key for key in settings if key != "dtype"]
+    if any(kept.get(key) != settings[key] for key in fixed):
+        raise SystemExit(f"{path} was made with {kept}, not {settings}: give the same --shard-prompts, "
                          "or another --store")
 
 
@@ -304,11 +339,14 @@ def kept_shards(store):
 
 
 def status(store):
-    by_kind, total = {}, 0
+    by_kind, by_dtype, total = {}, {}, 0
     for path in kept_shards(store):
         records = read_jsonl(path)
         tokens = sum(sum(r["loss_mask"]) for r in records)
-        kind = os.path.basename(path).split("-")[1].split(".")[0]
+        name = os.path.basename(path).split(".")[0]
+        kind = name.split("-")[1]
+        dtype = shard_dtype(store, name)
+        by_dtype[dtype] = by_dtype.get(dtype, 0) + 1
         count = by_kind.setdefault(kind, [0, 0, 0])
         count[0] += 1
         count[1] += len(records)
@@ -316,7 +354,7 @@ def status(store):
         total += tokens
     for kind, (shards, sequences, tokens) in sorted(by_kind.items()):
         print(f"{kind:5s} {shards:5d} shards {sequences:8d} sequences {tokens:10d} response tokens")
-    print(f"total {total} response tokens")
+    print(f"total {total} response tokens ({', '.join(f'{n} shards in {d}' for d, n in sorted(by_dtype.items()))})")
     return total
 
 
@@ -331,9 +369,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--shard-prompts", type=int, default=SHARD_PROMPTS,
                         help="prompts per shard (default %(default)s; a store keeps the size it was made with)")
-    parser.add_argument("--dtype", default="bfloat16",
-                        help="the target's dtype while sampling (default %(default)s: 1.6x float32's tokens/s "
-                             "where the CPU computes bfloat16 natively; kept per store)")
+    parser.add_argument("--dtype", default="native",
+                        help="the target's dtype while sampling: native (the default) is bfloat16 where the CPU "
+                             "computes it natively (1.6x float32's tokens/s) and float32 where it emulates it; "
+                             "each shard records its own")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=None,
+                        help="make only the shards planned at these temperatures (default: all; the others are "
+                             "left for a later run: a shard's plan is fixed by its index)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--max-shards", type=int, default=None,
                         help="stop after making this many shards (a wrapper loop then starts a fresh process: "
@@ -355,6 +397,9 @@ def main() -> None:
         os.replace(args.collect + ".part", args.collect)
         status(args.store)
         return
+    planned = sorted({setting["temperature"] for setting in SETTINGS})
+    if args.temperatures is not None and not set(args.temperatures) <= set(planned):
+        raise SystemExit(f"--temperatures must be among the planned {planned}, got {args.temperatures}")
     start, end = 0, None
     if args.shards:
         try:
@@ -366,7 +411,8 @@ def main() -> None:
     while (end is None or shard < end) and (args.max_shards is None or made < args.max_shards):
         if args.tokens is not None and shard % 4 == 0 and status(args.store) >= args.tokens:
             sys.exit(3)  # the wrapper loop's signal that the set is whole
-        made += run.take(plan(shard))
+        if args.temperatures is None or plan(shard)["temperature"] in args.temperatures:
+            made += run.take(plan(shard))
         shard += 1
 
 
