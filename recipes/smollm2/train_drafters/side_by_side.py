@@ -27,7 +27,8 @@ def train_side_by_side(configs: dict, work: str) -> dict:
     datas = {json.dumps(config["data"]) for config in configs.values()}
     if len(configs) > 1 and len(datas) == 1:
         first = next(iter(configs.values()))
-        features = {**first, "max_steps": 0, "out": os.path.join(work, "feature-pass")}   # it measures the start
+        # no bound: a zero-step run then builds every shard's cache up front (it measures the start too)
+        features = {**first, "max_steps": 0, "feature_cache_max_gb": None, "out": os.path.join(work, "feature-pass")}
         print(f"== the shared chunk's target features: {train_round.train(features, work, print):.0f} s", flush=True)
     threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "2")) // len(configs))
     os.environ["OMP_NUM_THREADS"] = str(threads)
