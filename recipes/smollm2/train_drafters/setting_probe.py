@@ -73,7 +73,8 @@ def main() -> int:
         parser.error(f"the kept base {init} is not on this machine: train_scaled.py --replay first")
     heldout = shard_path(ledger["heldout"], args.store, args.scaled)
     paths = {"data": [shard_path(n, args.store, args.scaled) for n in plan["shards"]], "heldout": heldout}
-    probe = os.path.join(args.work, f"setting-probe-round-{plan['round']:02d}-{setting}")
+    # one folder per round, setting and length: a run (and its measure) found there is this probe's own
+    probe = os.path.join(args.work, f"setting-probe-round-{plan['round']:02d}-{setting}-{args.steps}-steps")
     features = os.path.join(args.work, "features")
     configs, books = {}, {}
     for value in values:
