@@ -354,7 +354,8 @@ def status(store):
         total += tokens
     for kind, (shards, sequences, tokens) in sorted(by_kind.items()):
         print(f"{kind:5s} {shards:5d} shards {sequences:8d} sequences {tokens:10d} response tokens")
-    print(f"total {total} response tokens ({', '.join(f'{n} shards in {d}' for d, n in sorted(by_dtype.items()))})")
+    dtypes = ", ".join(f"{n} shard{'s' * (n != 1)} in {d}" for d, n in sorted(by_dtype.items()))
+    print(f"total {total} response tokens ({dtypes})")
     return total
 
 
