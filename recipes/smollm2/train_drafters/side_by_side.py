@@ -12,10 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import train_round  # noqa: E402
-from against_shipped import measure  # noqa: E402
+from against_shipped import MEASURES, measure  # noqa: E402
 from train_scaled import paired_anchors, paired_bootstrap, target_dtype  # noqa: E402
-
-MEASURES = ("greedy_accepted", "accepted_proxy")
 
 
 def train_side_by_side(configs: dict, work: str) -> dict:
